@@ -1,0 +1,140 @@
+"""The ClientApp: thin Flower glue around a method's :class:`ClientMethod`.
+
+Each client keeps its whole personal model in ``context.state["personal"]``; a message
+overwrites the keys it carries, the method trains, and only the method's upload keys go back.
+Everything derived from the run config (settings, data, model) is cached per process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.config import Settings, load_settings
+from pflower.datasets import Split, client_data, pool_for
+from pflower import methods
+from pflower.models import build_model
+from pflower.records import from_record, to_record
+from pflower.training import device, evaluate
+
+PERSONAL = "personal"
+
+app = ClientApp()
+
+
+@dataclass
+class Runtime:
+    """What one client needs, built once per process and client."""
+
+    settings: Settings
+    client_id: int
+    num_clients: int
+    train: Split
+    test: Split
+    method: ClientMethod
+    model: nn.Module
+    initial: dict[str, torch.Tensor]
+
+    def personal_model(self, context: Context) -> nn.Module:
+        """The cached model loaded with this client's personal state (or the initial one)."""
+        state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial
+        self.model.load_state_dict(state)
+        return self.model
+
+    def save(self, context: Context) -> None:
+        context.state[PERSONAL] = to_record(self.model.state_dict())
+
+    def seed(self, server_round: int) -> int:
+        """Seed of this client's minibatch order in this round."""
+        return int(np.random.SeedSequence([self.settings.seed, self.client_id, server_round]).generate_state(1)[0])
+
+
+@lru_cache(maxsize=64)
+def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
+    train, test = client_data(settings, client_id, num_clients)
+    pool = pool_for(settings)
+    if pool.shape != settings.image_shape or pool.num_classes != settings.num_classes:
+        raise ValueError(
+            f"dataset '{settings.dataset}' in {settings.data_path} has images {pool.shape} and "
+            f"{pool.num_classes} classes; expected {settings.image_shape} and {settings.num_classes}"
+        )
+    model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed).to(device())
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return Runtime(settings, client_id, num_clients, train, test, methods.client_method(settings), model, initial)
+
+
+@lru_cache(maxsize=8)
+def _settings(items: tuple) -> Settings:
+    return load_settings(dict(items))
+
+
+def runtime(context: Context) -> Runtime:
+    settings = _settings(tuple(sorted(context.run_config.items())))
+    try:
+        cid = int(context.node_config["partition-id"])
+        n = int(context.node_config["num-partitions"])
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"node config needs integer 'partition-id' and 'num-partitions' ({err})") from None
+    return _runtime(settings, cid, n)
+
+
+def _received(msg: Message, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The arrays of a message, checked against the model: known keys, matching shapes."""
+    if "arrays" not in msg.content.array_records:
+        return {}
+    got = from_record(msg.content.array_records["arrays"])
+    state = model.state_dict()
+    unknown = sorted(set(got) - set(state))
+    if unknown:
+        raise ValueError(f"message carries arrays this model does not have: {unknown[:5]}")
+    for k, v in got.items():
+        if v.shape != state[k].shape:
+            raise ValueError(f"array '{k}' has shape {tuple(v.shape)}, the model needs {tuple(state[k].shape)}")
+    return got
+
+
+def _round(msg: Message) -> int:
+    config = msg.content.config_records.get("config", ConfigRecord())
+    return int(config.get("server-round", 0))
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Who is this client: its stable id, how many clients there are, how much data it has."""
+    rt = runtime(context)
+    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train)})
+    return Message(RecordDict({"metrics": reply}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    rt = runtime(context)
+    model = rt.personal_model(context)
+    received = _received(msg, model)
+    model.load_state_dict(received, strict=False)
+    loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)))
+    rt.save(context)
+    state = model.state_dict()
+    metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id})
+    content = RecordDict({"arrays": to_record(state, rt.method.upload_keys(model)), "metrics": metrics})
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_(msg: Message, context: Context) -> Message:
+    """Evaluate the personalized model (personal state + received arrays) on the local test split."""
+    rt = runtime(context)
+    model = rt.personal_model(context)
+    model.load_state_dict(_received(msg, model), strict=False)
+    ev = evaluate(model, rt.test)
+    metrics = MetricRecord(
+        {"num-examples": ev.num_examples, "loss": ev.loss, "accuracy": ev.accuracy, "client-id": rt.client_id}
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -1,0 +1,45 @@
+"""Client side of a method: what it uploads and how it trains. The default is FedAvg."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pflower.config import Settings
+from pflower.datasets import Split
+from pflower.models import communicable_keys
+from pflower.training import LossFn, cross_entropy, train
+
+
+class ClientMethod:
+    """FedAvg's client: train every parameter on the local data, upload every float tensor.
+
+    Subclasses override :meth:`upload_keys` (what leaves the client; the rest stays personal in
+    ``context.state``) and :meth:`fit` (the local update, always through
+    :func:`pflower.training.train`).
+    """
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        return communicable_keys(model)
+
+    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int) -> float:
+        """Train ``model`` (already holding the received arrays) in place; return the mean loss."""
+        return self._train(model, data, seed, epochs=self.settings.local_epochs)
+
+    def _train(self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy) -> float:
+        s = self.settings
+        return train(
+            model,
+            data,
+            epochs=epochs,
+            batch_size=s.batch_size,
+            lr=s.lr,
+            momentum=s.momentum,
+            weight_decay=s.weight_decay,
+            seed=seed,
+            params=params,
+            loss_fn=loss_fn,
+        )

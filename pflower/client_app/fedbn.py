@@ -1,0 +1,18 @@
+"""FedBN client: normalization layers (affine parameters and running statistics) stay personal.
+
+With a model without normalization layers (``model='cnn'``) this is FedAvg; use
+``model='cnn-bn'`` on 1-channel data.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.models import communicable_keys, norm_keys
+
+
+class FedBNClient(ClientMethod):
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        local = set(norm_keys(model))
+        return [k for k in communicable_keys(model) if k not in local]

@@ -1,0 +1,14 @@
+"""FedPer client: the classifier head stays personal; the body is federated."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.models import communicable_keys, keys_under
+
+
+class FedPerClient(ClientMethod):
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        head = set(keys_under(model, "head"))
+        return [k for k in communicable_keys(model) if k not in head]

@@ -1,0 +1,19 @@
+"""FedRep client: train the personal head with the body frozen, then the body with the head
+frozen (``fedrep-body-epochs``); only the body is federated."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pflower.client_app.fedper import FedPerClient
+from pflower.datasets import Split
+
+
+class FedRepClient(FedPerClient):
+    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int) -> float:
+        head = list(model.head.parameters())
+        head_ids = {id(p) for p in head}
+        body = [p for p in model.parameters() if id(p) not in head_ids]
+        self._train(model, data, seed, epochs=self.settings.local_epochs, params=head)
+        return self._train(model, data, seed + 1, epochs=self.settings.fedrep_body_epochs, params=body)

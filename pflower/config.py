@@ -1,0 +1,132 @@
+"""Run configuration: validated once at start-up, typed everywhere after.
+
+The keys of ``[tool.flwr.app.config]`` (kebab-case) are the public interface; this module
+maps them onto :class:`Settings` and turns every problem into one :class:`ConfigError` that
+names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn"]
+Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
+Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
+ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
+
+#: Image shape (channels, height, width) and number of classes of each data source
+#: (EMNIST: the 'balanced' split). The server builds its model from these without data.
+DATASET_INFO: dict[str, tuple[tuple[int, int, int], int]] = {
+    "digits": ((1, 8, 8), 10),
+    "mnist": ((1, 28, 28), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "emnist": ((1, 28, 28), 47),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+}
+
+
+class ConfigError(ValueError):
+    """A run-config value that is not allowed; the message names key, value and rule."""
+
+    def __init__(self, problems: list[tuple[str, Any, str]]):
+        self.problems = problems
+        lines = [f"run config key '{k}' = {v!r} is not allowed: {why}" for k, v, why in problems]
+        super().__init__("; ".join(lines))
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class Settings(BaseModel):
+    """Every run-config key, typed and range-checked."""
+
+    model_config = ConfigDict(
+        alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True
+    )
+
+    method: Method = "fedavg"
+    dataset: Dataset = "digits"
+    data_dir: str = ""
+    download: bool = False
+    model: ModelName = "auto"
+    partition: Partition = "pathological"
+    classes_per_client: int = Field(4, ge=1)
+    dirichlet_alpha: float = Field(0.5, gt=0)
+    dominant_classes: int = Field(2, ge=1)
+    dominant_fraction: float = Field(0.8, gt=0, lt=1)
+    label_groups: int = Field(2, ge=1)
+    test_fraction: float = Field(0.3, gt=0, lt=1)
+    num_server_rounds: int = Field(20, ge=1)
+    fraction_train: float = Field(1.0, gt=0, le=1)
+    local_epochs: int = Field(5, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = Field(0, ge=0)
+    results_dir: str = "results"
+    round_timeout: float = Field(600.0, gt=0)
+    proximal_mu: float = Field(0.01, ge=0)
+    fedrep_body_epochs: int = Field(1, ge=1)
+
+    @property
+    def num_classes(self) -> int:
+        return DATASET_INFO[self.dataset][1]
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return DATASET_INFO[self.dataset][0]
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser().resolve()
+
+    @property
+    def results_path(self) -> Path:
+        return Path(self.results_dir).expanduser().resolve()
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The settings as run-config keys (what metrics.json records)."""
+        return self.model_dump(by_alias=True)
+
+
+def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
+    """Rules that involve more than one key or the file system."""
+    problems: list[tuple[str, Any, str]] = []
+    if s.dataset != "digits":
+        if not s.data_dir:
+            problems.append(("data-dir", s.data_dir, f"dataset '{s.dataset}' needs a data directory"))
+        elif not s.data_path.is_dir() and not (s.download and s.dataset.startswith("cifar")):
+            problems.append(("data-dir", s.data_dir, "must be an existing directory"))
+    c = s.num_classes
+    if s.partition == "pathological" and s.classes_per_client > c:
+        problems.append(("classes-per-client", s.classes_per_client, f"must be <= {c} ({s.dataset} classes)"))
+    if s.partition == "dominant" and s.dominant_classes >= c:
+        problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
+    if s.partition == "label-groups" and s.label_groups > c:
+        problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
+    return problems
+
+
+def load_settings(run_config: dict[str, Any]) -> Settings:
+    """Validate a Flower run config; raise one ConfigError listing every bad key."""
+    try:
+        settings = Settings.model_validate(dict(run_config))
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            key = str(e["loc"][0]) if e["loc"] else "?"
+            why = e["msg"]
+            if e["type"] == "extra_forbidden":
+                why = "unknown key"
+            problems.append((key, e.get("input"), why))
+        raise ConfigError(problems) from None
+    problems = _check_consistency(settings)
+    if problems:
+        raise ConfigError(problems)
+    return settings

@@ -1,0 +1,16 @@
+"""Data: sources (local files only), partitions, and each client's train/test split."""
+
+from pflower.datasets.federated import Split, client_data, federated_indices, global_test, pool_for
+from pflower.datasets.partition import PartitionError
+from pflower.datasets.sources import DataError, Pool
+
+__all__ = [
+    "DataError",
+    "PartitionError",
+    "Pool",
+    "Split",
+    "client_data",
+    "federated_indices",
+    "global_test",
+    "pool_for",
+]

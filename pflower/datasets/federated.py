@@ -1,0 +1,95 @@
+"""The federated view of a data set: each client's train/test tensors and the global test set.
+
+Built from the run settings alone, so every process (server, simulated client, SuperNode)
+derives the same partition for the same seed. Results are cached per process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pflower.config import Settings
+from pflower.datasets import partition as P
+from pflower.datasets.sources import Pool, load_pool
+
+
+@dataclass(frozen=True)
+class Split:
+    """Samples of one client (or the global test set)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class FederatedIndices:
+    """Per-client train and test indices into the pool; ``groups`` for label-groups."""
+
+    train: tuple[np.ndarray, ...]
+    test: tuple[np.ndarray, ...]
+    groups: np.ndarray | None
+
+
+@lru_cache(maxsize=4)
+def _pool(dataset: str, data_dir: str, download: bool) -> Pool:
+    return load_pool(dataset, Path(data_dir), download)
+
+
+def pool_for(settings: Settings) -> Pool:
+    return _pool(settings.dataset, str(settings.data_path) if settings.data_dir else "", settings.download)
+
+
+def partition_indices(labels: np.ndarray, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """One index array per client for the configured partition."""
+    if s.partition == "iid":
+        return P.iid(labels, num_clients, s.seed), None
+    if s.partition == "dirichlet":
+        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, s.seed), None
+    if s.partition == "pathological":
+        return P.pathological(labels, num_clients, s.classes_per_client, s.seed), None
+    if s.partition == "dominant":
+        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.seed), None
+    return P.label_groups(labels, num_clients, s.label_groups, s.seed)
+
+
+@lru_cache(maxsize=8)
+def federated_indices(settings: Settings, num_clients: int) -> FederatedIndices:
+    """Partition the pool among ``num_clients`` and split every share into train and test."""
+    labels = pool_for(settings).y.numpy()
+    parts, groups = partition_indices(labels, num_clients, settings)
+    train, test = [], []
+    for cid, idx in enumerate(parts):
+        if len(idx) < 2:
+            raise P.PartitionError(
+                f"partition '{settings.partition}' leaves client {cid} with {len(idx)} samples "
+                f"(of {len(labels)} for {num_clients} clients); use fewer clients or another partition"
+            )
+        tr, te = P.train_test_split(idx, labels, settings.test_fraction, settings.seed + cid)
+        train.append(tr)
+        test.append(te)
+    return FederatedIndices(tuple(train), tuple(test), groups)
+
+
+def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[Split, Split]:
+    """(train, test) samples of one client."""
+    if not 0 <= client_id < num_clients:
+        raise ValueError(f"client id {client_id} is outside 0..{num_clients - 1}")
+    pool = pool_for(settings)
+    fi = federated_indices(settings, num_clients)
+    tr, te = torch.from_numpy(fi.train[client_id]), torch.from_numpy(fi.test[client_id])
+    return Split(pool.x[tr], pool.y[tr]), Split(pool.x[te], pool.y[te])
+
+
+def global_test(settings: Settings, num_clients: int) -> Split:
+    """The union of all clients' test splits: a test set with the union of their distributions."""
+    pool = pool_for(settings)
+    idx = torch.from_numpy(np.concatenate(federated_indices(settings, num_clients).test))
+    return Split(pool.x[idx], pool.y[idx])

@@ -1,0 +1,166 @@
+"""Label-based partitions of one data pool into clients, and per-client train/test splits.
+
+Every function is deterministic for a seed and returns one index array per client.
+``iid`` and ``dirichlet`` use flwr-datasets' partitioners; the pFedLA settings
+(``pathological``: k classes with equal samples per class; ``dominant``: all classes, a few
+dominant) and the FedeRiCo setting (``label-groups``) have no counterpart there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class PartitionError(ValueError):
+    """A partition that cannot be built (e.g. a client would get no samples)."""
+
+
+def _as_hf_dataset(labels: np.ndarray):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"label": labels.tolist(), "index": np.arange(len(labels)).tolist()})
+
+
+def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+    """Uniformly random, equal-size partitions (flwr-datasets IidPartitioner on a shuffled pool)."""
+    from flwr_datasets.partitioner import IidPartitioner
+
+    perm = np.random.default_rng(seed).permutation(len(labels))
+    part = IidPartitioner(num_partitions=num_clients)
+    part.dataset = _as_hf_dataset(labels[perm])
+    return [perm[np.asarray(part.load_partition(i)["index"], dtype=np.int64)] for i in range(num_clients)]
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """Per-class client proportions ~ Dir(alpha) (flwr-datasets DirichletPartitioner)."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    min_size = max(2, min(10, len(labels) // (4 * num_clients)))
+    part = DirichletPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        alpha=alpha,
+        min_partition_size=min_size,
+        self_balancing=False,
+        seed=seed,
+    )
+    part.dataset = _as_hf_dataset(labels)
+    try:
+        return [np.sort(np.asarray(part.load_partition(i)["index"], dtype=np.int64)) for i in range(num_clients)]
+    except ValueError as err:
+        raise PartitionError(f"dirichlet partition with alpha={alpha} failed: {err}") from None
+
+
+def _class_pools(labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffled indices of every class present in ``labels``, by class id."""
+    num_classes = int(labels.max()) + 1
+    return [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+
+
+def _balanced_class_choice(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k distinct classes per client, every class used equally often (within one)."""
+    usage = np.zeros(num_classes)
+    choice = np.empty((num_clients, k), dtype=np.int64)
+    for i in range(num_clients):
+        picked = np.argsort(usage + rng.random(num_classes) * 0.5)[:k]  # least used, random ties
+        usage[picked] += 1
+        choice[i] = np.sort(picked)
+    return choice
+
+
+def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
+    """Each client gets ``classes_per_client`` random classes, the same number of samples each.
+
+    The per-class count is the largest one that every chosen class can supply to all the
+    clients that chose it, so partitions are disjoint and class-balanced (pFedLA non-IID 1).
+    """
+    rng = np.random.default_rng(seed)
+    pools = _class_pools(labels, rng)
+    choice = _balanced_class_choice(num_clients, len(pools), classes_per_client, rng)
+    users = np.bincount(choice.ravel(), minlength=len(pools))
+    per_class = min(len(pools[c]) // users[c] for c in range(len(pools)) if users[c] > 0)
+    if per_class == 0:
+        raise PartitionError(
+            f"pathological partition: {num_clients} clients x {classes_per_client} classes "
+            f"leaves no samples per class for some client"
+        )
+    taken = np.zeros(len(pools), dtype=np.int64)
+    parts = []
+    for cls in choice:
+        idx = []
+        for c in cls:
+            idx.append(pools[c][taken[c] : taken[c] + per_class])
+            taken[c] += per_class
+        parts.append(np.sort(np.concatenate(idx)))
+    return parts
+
+
+def _split_by_proportions(pools: list[np.ndarray], props: np.ndarray) -> list[np.ndarray]:
+    """Cut each class pool among clients by ``props[client, class]`` (columns normalized)."""
+    props = props / props.sum(axis=0, keepdims=True)
+    parts: list[list[np.ndarray]] = [[] for _ in range(props.shape[0])]
+    for c, pool in enumerate(pools):
+        cuts = (np.cumsum(props[:, c]) * len(pool)).astype(np.int64)[:-1]
+        for i, chunk in enumerate(np.split(pool, cuts)):
+            parts[i].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def dominant(
+    labels: np.ndarray, num_clients: int, dominant_classes: int, dominant_fraction: float, seed: int
+) -> list[np.ndarray]:
+    """Every client has all classes; ``dominant_classes`` of them hold ``dominant_fraction``.
+
+    Dominant classes are spread evenly over clients (pFedLA non-IID 2); each class pool is cut
+    among clients in proportion to how much each client wants of that class.
+    """
+    rng = np.random.default_rng(seed)
+    pools = _class_pools(labels, rng)
+    num_classes = len(pools)
+    choice = _balanced_class_choice(num_clients, num_classes, dominant_classes, rng)
+    props = np.full((num_clients, num_classes), (1 - dominant_fraction) / (num_classes - dominant_classes))
+    for i, cls in enumerate(choice):
+        props[i, cls] = dominant_fraction / dominant_classes
+    return _split_by_proportions(pools, props)
+
+
+def label_groups(labels: np.ndarray, num_clients: int, groups: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Labels split into ``groups`` disjoint sets; client i draws from group ``group_of[i]``.
+
+    Clients are assigned to groups round-robin over a random order, and each group's samples
+    are shared equally among its clients (the FedeRiCo setting). Returns (parts, group_of).
+    """
+    rng = np.random.default_rng(seed)
+    pools = _class_pools(labels, rng)
+    class_groups = np.array_split(rng.permutation(len(pools)), groups)
+    group_of = np.empty(num_clients, dtype=np.int64)
+    group_of[rng.permutation(num_clients)] = np.arange(num_clients) % groups
+    props = np.zeros((num_clients, len(pools)))
+    for g, classes in enumerate(class_groups):
+        members = np.flatnonzero(group_of == g)
+        if len(members) == 0:
+            continue
+        props[np.ix_(members, classes)] = 1.0
+    unused = props.sum(axis=0) == 0
+    props[:, unused] = 1.0  # groups without clients: their classes are dropped below
+    parts = _split_by_proportions(pools, props)
+    if unused.any():
+        dropped = np.isin(labels, np.flatnonzero(unused))
+        parts = [p[~dropped[p]] for p in parts]
+    return parts, group_of
+
+
+def train_test_split(
+    indices: np.ndarray, labels: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified split of one client's indices: train and test share the label distribution."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for c in np.unique(labels[indices]):
+        idx = rng.permutation(indices[labels[indices] == c])
+        n_test = int(round(test_fraction * len(idx)))
+        if len(idx) > 1:
+            n_test = min(max(n_test, 1), len(idx) - 1)
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))

@@ -1,0 +1,128 @@
+"""Data sources: one pool of images and labels per data set, read from local files only.
+
+``digits`` is embedded in scikit-learn; the MNIST family is read from IDX files (gzipped or
+not) in ``data-dir``; CIFAR goes through torchvision from a local root, downloading only when
+``download=true``. Every split found (train and test files) is pooled: pflower partitions the
+pool into clients and splits each client's share into train and test itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class DataError(ValueError):
+    """Missing or unreadable data files; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """All samples of a data set: normalized images [n, C, H, W] and labels [n]."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.x.shape[1:])  # type: ignore[return-value]
+
+
+def _normalize(x: np.ndarray) -> torch.Tensor:
+    """Scale to [0, 1], then standardize per channel over the pool."""
+    t = torch.from_numpy(x.astype(np.float32))
+    mean = t.mean(dim=(0, 2, 3), keepdim=True)
+    std = t.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return ((t - mean) / std).contiguous()
+
+
+def load_digits() -> Pool:
+    from sklearn.datasets import load_digits as sk_digits
+
+    d = sk_digits()
+    x = d.images.astype(np.float32)[:, None] / 16.0
+    return Pool(_normalize(x), torch.from_numpy(d.target.astype(np.int64)), 10)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (``.gz`` or raw) into a numpy array."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as err:
+        raise DataError(f"cannot read IDX file {path}: {err}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = int(np.prod(dims))
+    if len(raw) - header != expected:
+        raise DataError(f"{path} is truncated or corrupt: header says {expected} bytes of data, file has {len(raw) - header}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
+    """(images, labels) file pairs in ``root`` whose names start with ``prefix``."""
+    pairs = []
+    for img in sorted(root.glob(f"{prefix}*images-idx3-ubyte*")):
+        lbl = img.with_name(img.name.replace("images-idx3", "labels-idx1"))
+        if not lbl.exists():
+            raise DataError(f"{img} has no matching labels file {lbl.name} in {root}")
+        pairs.append((img, lbl))
+    return pairs
+
+
+def load_idx_family(name: str, root: Path) -> Pool:
+    """MNIST, Fashion-MNIST or EMNIST (balanced split) from IDX files in ``root``."""
+    prefix = "emnist-balanced-" if name == "emnist" else ""
+    pairs = _idx_pairs(root, prefix)
+    if not pairs:
+        raise DataError(
+            f"no IDX files for {name} in {root}: expected e.g. "
+            f"{prefix}train-images-idx3-ubyte.gz with {prefix}train-labels-idx1-ubyte.gz "
+            f"(or the t10k-* test files)"
+        )
+    xs, ys = [], []
+    for img, lbl in pairs:
+        x, y = read_idx(img), read_idx(lbl)
+        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+            raise DataError(f"{img.name} ({x.shape}) and {lbl.name} ({y.shape}) do not match")
+        xs.append(x)
+        ys.append(y)
+    x = np.concatenate(xs).astype(np.float32)[:, None] / 255.0
+    if name == "emnist":
+        x = x.transpose(0, 1, 3, 2)  # EMNIST images are stored transposed
+    y = np.concatenate(ys).astype(np.int64)
+    _, y = np.unique(y, return_inverse=True)
+    return Pool(_normalize(x), torch.from_numpy(y), int(y.max()) + 1)
+
+
+def load_cifar(name: str, root: Path, download: bool) -> Pool:
+    from torchvision import datasets
+
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    try:
+        splits = [cls(root=str(root), train=t, download=download) for t in (True, False)]
+    except RuntimeError as err:
+        raise DataError(f"{name} not found under {root} ({err}); set download=true to fetch it") from None
+    x = np.concatenate([s.data for s in splits]).astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    y = np.concatenate([np.asarray(s.targets) for s in splits]).astype(np.int64)
+    return Pool(_normalize(x), torch.from_numpy(y), 10 if name == "cifar10" else 100)
+
+
+def load_pool(dataset: str, data_dir: Path, download: bool = False) -> Pool:
+    """The whole pool of one data set."""
+    if dataset == "digits":
+        return load_digits()
+    if dataset in ("mnist", "fashion-mnist", "emnist"):
+        return load_idx_family(dataset, data_dir)
+    if dataset in ("cifar10", "cifar100"):
+        return load_cifar(dataset, data_dir, download)
+    raise DataError(f"unknown dataset {dataset!r}")

@@ -1,0 +1,172 @@
+"""Run a pflower simulation end to end with real Flower: ``pflower-sim -c "key=value ..."``.
+
+It starts a private ``flower-superlink --simulation`` on free loopback ports, submits the app
+with ``flwr run --stream`` (so progress shows while it runs), reads the run's final status
+from the SuperLink, stops every process it started, and exits non-zero when the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+
+FLOWER_ENV = {
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+CONNECTION = "pflower-sim"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """A Flower executable next to this interpreter (the venv), else from PATH."""
+    local = Path(sys.executable).with_name(name)
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise SystemExit(f"{name} not found: install pflower's dependencies (see README)")
+    return found
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(flwr_home)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a process started with ``start_new_session`` and everything it spawned."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def simulation_superlink(flwr_home: Path) -> Iterator[int]:
+    """A private SuperLink in simulation mode; yields its Control API port."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    log = open(flwr_home / "superlink.log", "ab")
+    cmd = [
+        _bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+        "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
+        "--fleet-api-address", f"127.0.0.1:{_free_port()}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=flower_env(flwr_home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"flower-superlink exited with code {proc.returncode}; see {flwr_home / 'superlink.log'}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit("flower-superlink did not start within 60 s")
+            time.sleep(0.2)
+        yield port
+    finally:
+        stop(proc)
+        log.close()
+
+
+def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
+    """Flower's simulation settings: virtual SuperNodes and resources per ClientApp."""
+    return f"num-supernodes={num_clients} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
+
+
+def run_status(flwr_home: Path, app: Path, run_id: int) -> str:
+    """Final status of a run, as the SuperLink reports it (e.g. ``finished:completed``)."""
+    out = subprocess.run(
+        [_bin("flwr"), "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+        env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    try:
+        return str(json.loads(out.stdout)["runs"][0]["status"])
+    except (json.JSONDecodeError, KeyError, IndexError) as err:
+        raise SystemExit(f"could not read the status of run {run_id} ({err}): {out.stdout}{out.stderr}") from None
+
+
+def submit(
+    app: Path, flwr_home: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0,
+    echo: bool = True,
+) -> tuple[int, str, str]:
+    """Submit one run to the running SuperLink and stream it to the end: (run id, status, log)."""
+    cmd = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
+           "--federation-config", federation_config(num_clients, cpus, gpus)]  # fmt: skip
+    if run_config:
+        cmd += ["--run-config", run_config]
+    proc = subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if echo:
+            print(line, end="", flush=True)
+    proc.wait()
+    text = "".join(lines)
+    found = re.search(r"Successfully started run (\d+)", text)
+    if not found:
+        raise SystemExit(f"flwr run did not start a run:\n{text}")
+    run_id = int(found.group(1))
+    return run_id, run_status(flwr_home, app, run_id), text
+
+
+def simulate(
+    app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None
+) -> tuple[int, str]:
+    """Run one simulation on a private SuperLink; returns (run id, final status)."""
+    app = app.resolve()
+    flwr_home = (flwr_home or app / ".flwr").resolve()
+    with simulation_superlink(flwr_home):
+        run_id, status, _ = submit(app, flwr_home, run_config, num_clients, cpus, gpus)
+        return run_id, status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pflower-sim", description=__doc__.split("\n\n")[0])
+    p.add_argument("-c", "--run-config", default="", help='run-config overrides, e.g. "method=\'fedprox\' lr=0.01"')
+    p.add_argument("--num-clients", type=int, default=10, help="virtual SuperNodes (clients)")
+    p.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per ClientApp")
+    p.add_argument("--gpus-per-client", type=float, default=0.0, help="GPU share per ClientApp, e.g. 0.25 (0: CPU only)")
+    p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
+    p.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: <app>/.flwr)")
+    args = p.parse_args(argv)
+    run_id, status = simulate(
+        args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home
+    )
+    print(f"run {run_id}: {status}", flush=True)
+    return 0 if status.endswith("completed") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

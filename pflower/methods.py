@@ -1,0 +1,33 @@
+"""Which client method and which server strategy make up each ``method`` of the run config."""
+
+from __future__ import annotations
+
+from pflower.client_app.base import ClientMethod
+from pflower.client_app.fedbn import FedBNClient
+from pflower.client_app.fedper import FedPerClient
+from pflower.client_app.fedprox import FedProxClient
+from pflower.client_app.fedrep import FedRepClient
+from pflower.client_app.local import LocalClient
+from pflower.config import Settings
+from pflower.models import build_model
+from pflower.strategies import FedAvg, Local, PflStrategy
+
+METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
+    "fedavg": (ClientMethod, FedAvg),
+    "fedprox": (FedProxClient, FedAvg),
+    "local": (LocalClient, Local),
+    "fedper": (FedPerClient, FedAvg),
+    "fedrep": (FedRepClient, FedAvg),
+    "fedbn": (FedBNClient, FedAvg),
+}
+
+
+def client_method(settings: Settings) -> ClientMethod:
+    return METHODS[settings.method][0](settings)
+
+
+def build_strategy(settings: Settings) -> PflStrategy:
+    """The method's strategy, with the initial model of ``seed`` and the method's upload keys."""
+    model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
+    keys = client_method(settings).upload_keys(model)
+    return METHODS[settings.method][1](settings, model.state_dict(), keys)

@@ -1,0 +1,31 @@
+"""Models and the layer API used by every layer-wise method."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pflower.config import Settings
+from pflower.models.cnn import CNN
+from pflower.models.layers import Layer, communicable_keys, keys_under, layers, norm_keys
+from pflower.models.mlp import MLP
+
+__all__ = ["CNN", "MLP", "Layer", "build_model", "communicable_keys", "keys_under", "layers", "norm_keys"]
+
+
+def resolve_model_name(settings: Settings, in_channels: int) -> str:
+    """``auto``: a plain CNN for 1-channel images, a CNN with BatchNorm for colour images."""
+    if settings.model != "auto":
+        return settings.model
+    return "cnn" if in_channels == 1 else "cnn-bn"
+
+
+def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: int, seed: int) -> nn.Module:
+    """A freshly initialized model; the same ``seed`` gives the same weights."""
+    in_channels, height, width = shape
+    name = resolve_model_name(settings, in_channels)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if name == "mlp":
+            return MLP(in_channels * height * width, num_classes)
+        return CNN(in_channels, height, num_classes, batch_norm=name == "cnn-bn")

@@ -1,0 +1,63 @@
+"""The one conversion between PyTorch state dicts and Flower records, and byte accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, RecordDict
+
+
+def to_record(state: Mapping[str, torch.Tensor], keys: Iterable[str] | None = None) -> ArrayRecord:
+    """An ArrayRecord of ``state`` (all keys, or ``keys`` in that order), copied to CPU."""
+    keys = list(state) if keys is None else list(keys)
+    return ArrayRecord({k: Array(state[k].detach().cpu().contiguous().numpy()) for k in keys})
+
+
+def from_record(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """The tensors of an ArrayRecord, by key."""
+    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes of array payload in a message: what the model costs on the wire."""
+    return sum(len(a.data) for rec in content.array_records.values() for a in rec.values())
+
+
+@dataclass(frozen=True)
+class FlatSpec:
+    """Where each key's tensor lives in a flat parameter vector."""
+
+    keys: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    offsets: tuple[int, ...]
+
+    @classmethod
+    def of(cls, state: Mapping[str, torch.Tensor], keys: Iterable[str] | None = None) -> "FlatSpec":
+        keys = tuple(state if keys is None else keys)
+        shapes = tuple(state[k].shape for k in keys)
+        offsets = tuple(np.cumsum([0] + [int(np.prod(s)) for s in shapes]).tolist())
+        return cls(keys, shapes, offsets)
+
+    @property
+    def size(self) -> int:
+        return self.offsets[-1]
+
+    def slice(self, key: str) -> slice:
+        i = self.keys.index(key)
+        return slice(self.offsets[i], self.offsets[i + 1])
+
+    def flatten(self, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([state[k].detach().reshape(-1).float() for k in self.keys])
+
+    def stack(self, states: Iterable[Mapping[str, torch.Tensor]]) -> torch.Tensor:
+        """Rows of flattened states: shape [n, size]."""
+        return torch.stack([self.flatten(s) for s in states])
+
+    def unflatten(self, vec: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            k: vec[a:b].reshape(shape)
+            for k, shape, a, b in zip(self.keys, self.shapes, self.offsets[:-1], self.offsets[1:])
+        }

@@ -1,0 +1,5 @@
+"""Server side: the ServerApp."""
+
+from pflower.server_app.app import app
+
+__all__ = ["app"]

@@ -1,0 +1,242 @@
+"""The base of every pflower strategy: a Flower ``Strategy`` with the seams all methods share.
+
+- Client identity: a ``query`` round maps Flower node ids (random per run) to the stable
+  client ids the clients report (their ``partition-id``).
+- Sampling: ``fraction-train`` of the clients, drawn from (seed, round) alone.
+- Validation: every reply goes through :func:`check_reply` before a subclass sees it; rejected
+  replies are logged and counted per reason.
+- Bytes: the array payload of every message sent and received is measured.
+- The round loop (:meth:`start`): train, aggregate, evaluate every client, record.
+
+Subclasses implement :meth:`train_arrays`, :meth:`evaluate_arrays` and :meth:`aggregate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from pflower.config import Settings
+from pflower.records import payload_bytes
+from pflower.results import Recorder
+from pflower.strategies.validation import ArraySpec, Rejected, Reply, check_reply
+
+
+class NoClientsError(RuntimeError):
+    """No client answered the identity query in time."""
+
+
+class PflStrategy(Strategy):
+    """Shared machinery; see the module docstring."""
+
+    def __init__(self, settings: Settings, template: Mapping[str, torch.Tensor], upload_keys: Sequence[str]):
+        self.settings = settings
+        self.upload_spec = {k: ArraySpec.of(template[k]) for k in upload_keys}
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self.client_of: dict[int, int] = {}  # node id -> client id
+        self.num_examples: dict[int, int] = {}
+        self.num_clients = 0
+        self.rejected: Counter[str] = Counter()
+        self.last_accuracy: dict[int, float] = {}
+
+    # ----------------------------------------------------------------- hooks
+    def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
+        """Arrays sent to ``client_id`` for training."""
+        raise NotImplementedError
+
+    def evaluate_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
+        """Arrays sent to ``client_id`` for evaluation (default: none, it evaluates its own)."""
+        return ArrayRecord()
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        """Update server state from the round's valid training replies."""
+        raise NotImplementedError
+
+    def global_arrays(self) -> ArrayRecord:
+        """The current global model, if the method has one."""
+        return ArrayRecord()
+
+    # --------------------------------------------------------- client identity
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """Ask every new node for its client id until all clients are known or time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            new = [n for n in grid.get_node_ids() if n not in self.client_of]
+            if new:
+                msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+                for reply in grid.send_and_receive(msgs, timeout=timeout):
+                    self._register(reply)
+            if self.num_clients and len(self.node_of) >= self.num_clients:
+                break
+            if time.monotonic() > deadline:
+                if not self.node_of:
+                    raise NoClientsError(f"no client answered the identity query within {timeout:.0f} s")
+                log(WARNING, "Only %d of %d clients answered; going on with them", len(self.node_of), self.num_clients)
+                break
+            time.sleep(0.5)
+        log(INFO, "Clients: %d (ids %s)", len(self.node_of), sorted(self.node_of))
+
+    def _register(self, reply: Message) -> None:
+        node = reply.metadata.src_node_id
+        try:
+            r = check_reply(reply, None, None)
+            n_clients = int(r.metrics["num-clients"])
+        except (Rejected, KeyError, TypeError, ValueError) as err:
+            log(WARNING, "Node %s did not identify itself: %s", node, err)
+            return
+        if r.client_id in self.node_of and self.node_of[r.client_id] != node:
+            self.client_of.pop(self.node_of[r.client_id], None)
+        self.node_of[r.client_id] = node
+        self.client_of[node] = r.client_id
+        self.num_examples[r.client_id] = r.num_examples
+        self.num_clients = max(self.num_clients, n_clients)
+
+    def sample(self, server_round: int) -> list[int]:
+        """``fraction-train`` of the known clients; depends only on (seed, round)."""
+        ids = np.array(sorted(self.node_of))
+        k = max(1, int(round(self.settings.fraction_train * len(ids))))
+        if k >= len(ids):
+            return ids.tolist()
+        rng = np.random.default_rng([self.settings.seed, server_round])
+        return sorted(rng.choice(ids, size=k, replace=False).tolist())
+
+    # ------------------------------------------------------------- validation
+    def accept(self, replies: Iterable[Message], spec: Mapping[str, ArraySpec] | None) -> list[Reply]:
+        """The valid replies; every other one is logged and counted under its reason."""
+        valid: dict[int, Reply] = {}
+        for msg in replies:
+            expected = self.client_of.get(msg.metadata.src_node_id)
+            try:
+                if expected is None:
+                    raise Rejected("unknown-node", f"node {msg.metadata.src_node_id} is not a known client")
+                reply = check_reply(msg, expected, spec)
+                if reply.client_id in valid:
+                    raise Rejected("duplicate", "second reply in one phase")
+            except Rejected as err:
+                self.rejected[err.reason] += 1
+                log(WARNING, "Rejected a reply of client %s: %s", expected, err)
+                continue
+            valid[reply.client_id] = reply
+        return [valid[c] for c in sorted(valid)]
+
+    # ---------------------------------------------------- Flower Strategy API
+    def _messages(self, ids: Iterable[int], kind: str, arrays_of, server_round: int, config: ConfigRecord) -> list[Message]:
+        return [
+            Message(
+                RecordDict({"arrays": arrays_of(server_round, cid), "config": config}),
+                dst_node_id=self.node_of[cid],
+                message_type=kind,
+            )
+            for cid in ids
+        ]
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        return self._messages(self.sample(server_round), MessageType.TRAIN, self.train_arrays, server_round, config)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid = self.accept(replies, self.upload_spec)
+        if valid:
+            self.aggregate(server_round, valid)
+        n = sum(r.num_examples for r in valid)
+        loss = sum(float(r.metrics.get("train-loss", 0.0)) * r.num_examples for r in valid) / max(n, 1)
+        return self.global_arrays(), MetricRecord({"train-loss": loss, "replies": len(valid)})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        return self._messages(sorted(self.node_of), MessageType.EVALUATE, self.evaluate_arrays, server_round, config)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        valid = self.accept(replies, None)
+        if not valid:
+            return None
+        acc = np.array([float(r.metrics["accuracy"]) for r in valid])
+        loss = np.array([float(r.metrics["loss"]) for r in valid])
+        n = np.array([r.num_examples for r in valid], dtype=np.float64)
+        self.last_accuracy = {r.client_id: float(r.metrics["accuracy"]) for r in valid}
+        return MetricRecord(
+            {
+                "accuracy": float(acc.mean()),
+                "weighted-accuracy": float((acc * n).sum() / n.sum()),
+                "loss": float((loss * n).sum() / n.sum()),
+            }
+        )
+
+    def summary(self) -> None:
+        s = self.settings
+        log(INFO, "%s: method=%s dataset=%s partition=%s rounds=%d fraction-train=%.2f",
+            type(self).__name__, s.method, s.dataset, s.partition, s.num_server_rounds, s.fraction_train)
+        log(INFO, "Uploaded arrays per client: %d tensors", len(self.upload_spec))
+
+    # --------------------------------------------------------------- the loop
+    def _phase(self, grid: Grid, messages: list[Message]) -> tuple[list[Message], int, int, list[int]]:
+        """Send, wait up to ``round-timeout``; (replies, bytes down, bytes up, silent clients)."""
+        down = sum(payload_bytes(m.content) for m in messages)
+        replies = list(grid.send_and_receive(messages, timeout=self.settings.round_timeout))
+        up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
+        answered = {r.metadata.src_node_id for r in replies}
+        silent = sorted(self.client_of[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered)
+        return replies, down, up, silent
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn=None,
+    ) -> Result:
+        """Run the federation: identity query, then per round train -> aggregate -> evaluate."""
+        s = self.settings
+        num_rounds = num_rounds or s.num_server_rounds
+        timeout = timeout or s.round_timeout
+        self.summary()
+        recorder = Recorder(s)
+        result = Result()
+        self.discover(grid, timeout)
+        recorder.extra["num-clients"] = len(self.node_of)
+        for rnd in range(1, num_rounds + 1):
+            t0 = time.perf_counter()
+            self.rejected.clear()
+            config = ConfigRecord({"server-round": rnd, **(dict(train_config) if train_config else {})})
+            msgs = self.configure_train(rnd, self.global_arrays(), config, grid)
+            sampled = len(msgs)
+            replies, down, up, silent = self._phase(grid, msgs)
+            arrays, train_metrics = self.aggregate_train(rnd, replies)
+            result.train_metrics_clientapp[rnd] = train_metrics
+            result.arrays = arrays or result.arrays
+
+            eval_config = ConfigRecord({"server-round": rnd, **(dict(evaluate_config) if evaluate_config else {})})
+            msgs = self.configure_evaluate(rnd, self.global_arrays(), eval_config, grid)
+            eval_replies, e_down, e_up, e_silent = self._phase(grid, msgs)
+            ev = self.aggregate_evaluate(rnd, eval_replies)
+            if ev is not None:
+                result.evaluate_metrics_clientapp[rnd] = ev
+            ev = ev or {}
+            recorder.add_round(
+                {
+                    "round": rnd,
+                    "accuracy": ev.get("accuracy"),
+                    "weighted-accuracy": ev.get("weighted-accuracy"),
+                    "loss": ev.get("loss"),
+                    "train-loss": train_metrics["train-loss"],
+                    "bytes-down": down + e_down,
+                    "bytes-up": up + e_up,
+                    "wall-seconds": time.perf_counter() - t0,
+                    "sampled": sampled,
+                    "missing": sorted(set(silent) | set(e_silent)),
+                    "rejected": dict(self.rejected),
+                    "per-client-accuracy": {str(c): a for c, a in sorted(self.last_accuracy.items())},
+                }
+            )
+        recorder.finish()
+        return result

@@ -1,0 +1,93 @@
+"""Shared fixtures: run configs built from pyproject's defaults, and an in-process Flower grid."""
+
+from __future__ import annotations
+
+import tomllib
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
+DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def run_config(**overrides) -> dict:
+    """pyproject's run config with overrides given as python names (lr=..., num_server_rounds=...)."""
+    cfg = dict(DEFAULTS)
+    for k, v in overrides.items():
+        key = k.replace("_", "-")
+        assert key in cfg, f"unknown run-config key {key}"
+        cfg[key] = v
+    return cfg
+
+
+class InProcessGrid(Grid):
+    """A Grid that hands each message straight to a ClientApp in this process.
+
+    Runs the real ServerApp-side strategy code and the real ClientApp handlers without Ray or a
+    SuperLink. ``tamper`` may rewrite any reply (to test validation); an exception in the
+    ClientApp becomes an error reply, as in Flower.
+    """
+
+    def __init__(self, client_app, cfg: dict, num_clients: int, tamper: Callable[[int, Message], Message] | None = None):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        self.app = client_app
+        self.tamper = tamper
+        self.contexts = {
+            100 + i: Context(1, 100 + i, {"partition-id": i, "num-partitions": num_clients}, RecordDict(), dict(cfg))
+            for i in range(num_clients)
+        }
+        self.offline: set[int] = set()
+        self.sent: list[Message] = []
+
+    def set_run(self, run):  # pragma: no cover - not used in-process
+        raise NotImplementedError
+
+    @property
+    def run(self):  # pragma: no cover
+        raise NotImplementedError
+
+    def create_message(self, *args, **kwargs):  # pragma: no cover
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return [n for n in self.contexts if n not in self.offline]
+
+    def push_messages(self, messages):  # pragma: no cover
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):  # pragma: no cover
+        raise NotImplementedError
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.sent.append(msg)
+            node = msg.metadata.dst_node_id
+            if node in self.offline:
+                continue
+            try:
+                reply = self.app(msg, self.contexts[node])
+            except Exception as err:  # noqa: BLE001 - Flower turns ClientApp exceptions into error replies
+                reply = Message(Error(code=1, reason=str(err)), reply_to=msg)
+            if self.tamper is not None:
+                reply = self.tamper(self.contexts[node].node_config["partition-id"], reply)
+            replies.append(reply)
+        return replies
+
+
+@pytest.fixture
+def grid_factory():
+    from pflower.client_app import app
+
+    def make(cfg: dict, num_clients: int, **kw) -> InProcessGrid:
+        return InProcessGrid(app, cfg, num_clients, **kw)
+
+    return make

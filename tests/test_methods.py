@@ -1,0 +1,191 @@
+"""Every method's client step and the server round, in process (real ClientApp and strategy code)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message
+
+from conftest import run_config
+from pflower import training
+from pflower.client_app.app import PERSONAL
+from pflower.config import load_settings
+from pflower.methods import METHODS, build_strategy
+from pflower.models import communicable_keys, keys_under, norm_keys
+from pflower.records import from_record, to_record
+
+N = 3
+
+
+def _setup(grid_factory, tmp_path, **kw):
+    cfg = run_config(num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path), **kw)
+    settings = load_settings(cfg)
+    strategy = build_strategy(settings)
+    grid = grid_factory(cfg, N)
+    strategy.discover(grid, timeout=5)
+    return settings, strategy, grid
+
+
+def _train_round(strategy, grid, rnd=1):
+    msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
+    return msgs, grid.send_and_receive(msgs)
+
+
+def _model(settings):
+    from pflower.models import build_model
+
+    return build_model(settings, settings.image_shape, settings.num_classes, 0)
+
+
+def test_discovery_maps_nodes_to_partition_ids(grid_factory, tmp_path):
+    _, strategy, grid = _setup(grid_factory, tmp_path)
+    assert strategy.node_of == {i: 100 + i for i in range(N)}
+    assert strategy.num_clients == N and all(n > 0 for n in strategy.num_examples.values())
+
+
+def test_fedavg_uploads_everything_and_trains(grid_factory, tmp_path):
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method="fedavg")
+    msgs, replies = _train_round(strategy, grid)
+    model = _model(settings)
+    for msg, reply in zip(msgs, replies):
+        assert not reply.has_error()
+        sent, got = from_record(msg.content["arrays"]), from_record(reply.content["arrays"])
+        assert list(got) == communicable_keys(model)
+        assert not torch.equal(sent["head.weight"], got["head.weight"])
+
+
+def test_local_sends_nothing_either_way(grid_factory, tmp_path):
+    _, strategy, grid = _setup(grid_factory, tmp_path, method="local")
+    msgs, replies = _train_round(strategy, grid)
+    assert all(len(m.content["arrays"]) == 0 for m in msgs)
+    assert all(len(r.content["arrays"]) == 0 for r in replies)
+    assert all(PERSONAL in c.state for c in grid.contexts.values())
+
+
+@pytest.mark.parametrize("method", ["fedper", "fedrep"])
+def test_head_stays_personal(grid_factory, tmp_path, method):
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method=method)
+    msgs, replies = _train_round(strategy, grid)
+    head = set(keys_under(_model(settings), "head"))
+    assert not head & set(msgs[0].content["arrays"].keys())
+    assert not head & set(replies[0].content["arrays"].keys())
+    heads = [from_record(c.state[PERSONAL])["head.weight"] for c in grid.contexts.values()]
+    assert not torch.equal(heads[0], heads[1])  # each client trained its own head
+
+
+def test_fedrep_trains_head_then_body(monkeypatch, grid_factory, tmp_path):
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method="fedrep", fedrep_body_epochs=2)
+    calls = []
+    real = training.train
+
+    def spy(model, data, **kw):
+        names = {id(p): n for n, p in model.named_parameters()}
+        calls.append(({names[id(p)] for p in kw["params"]}, kw["epochs"]))
+        return real(model, data, **kw)
+
+    monkeypatch.setattr("pflower.client_app.base.train", spy)
+    _train_round(strategy, grid)
+    head_call, body_call = calls[0], calls[1]
+    assert head_call == ({"head.weight", "head.bias"}, settings.local_epochs)
+    assert body_call[1] == 2 and not body_call[0] & {"head.weight", "head.bias"}
+    assert len(body_call[0]) == 6
+
+
+def test_fedprox_stays_closer_to_the_global_model(grid_factory, tmp_path):
+    dist = {}
+    for mu in (0.0, 5.0):
+        _, strategy, grid = _setup(grid_factory, tmp_path, method="fedprox", proximal_mu=mu)
+        msgs, replies = _train_round(strategy, grid)
+        sent, got = from_record(msgs[0].content["arrays"]), from_record(replies[0].content["arrays"])
+        dist[mu] = sum(float((got[k] - sent[k]).norm() ** 2) for k in sent) ** 0.5
+    assert dist[5.0] < 0.7 * dist[0.0]
+
+
+def test_fedprox_with_mu_zero_is_fedavg(grid_factory, tmp_path):
+    out = {}
+    for method in ("fedavg", "fedprox"):
+        _, strategy, grid = _setup(grid_factory, tmp_path, method=method, proximal_mu=0.0)
+        _, replies = _train_round(strategy, grid)
+        out[method] = from_record(replies[1].content["arrays"])
+    assert all(torch.allclose(out["fedavg"][k], out["fedprox"][k], atol=1e-6) for k in out["fedavg"])
+
+
+def test_fedbn_keeps_norm_layers_local(grid_factory, tmp_path):
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method="fedbn", model="cnn-bn")
+    msgs, replies = _train_round(strategy, grid)
+    local = set(norm_keys(_model(settings)))
+    assert local and not local & set(replies[0].content["arrays"].keys())
+    stats = [from_record(c.state[PERSONAL])["body.1.running_mean"] for c in grid.contexts.values()]
+    assert not torch.equal(stats[0], stats[1])
+
+
+def test_fedavg_aggregate_is_the_sample_weighted_mean(grid_factory, tmp_path):
+    _, strategy, grid = _setup(grid_factory, tmp_path, method="fedavg")
+    _, replies = _train_round(strategy, grid)
+    states = [from_record(r.content["arrays"]) for r in replies]
+    n = np.array([r.content["metrics"]["num-examples"] for r in replies], dtype=np.float64)
+    strategy.aggregate_train(1, replies)
+    for k, v in strategy.global_state.items():
+        expected = sum(w * s[k].double() for w, s in zip(n / n.sum(), states))
+        assert torch.allclose(v.double(), expected, atol=1e-6)
+
+
+def test_rejected_reply_never_reaches_the_aggregate(grid_factory, tmp_path):
+    def poison(cid, reply):
+        if cid == 1 and not reply.has_error() and len(reply.content.array_records):
+            arrays = from_record(reply.content["arrays"])
+            arrays["head.bias"][0] = float("nan")
+            reply.content["arrays"] = to_record(arrays)
+        return reply
+
+    cfg = run_config(local_epochs=1, results_dir=str(tmp_path))
+    settings = load_settings(cfg)
+    strategy = build_strategy(settings)
+    grid = grid_factory(cfg, N, tamper=poison)
+    strategy.discover(grid, timeout=5)
+    _, replies = _train_round(strategy, grid)
+    clean = [r for r in replies if r.metadata.src_node_id != 101]
+    strategy.aggregate_train(1, replies)
+    assert dict(strategy.rejected) == {"non-finite": 1}
+    states = [from_record(r.content["arrays"]) for r in clean]
+    n = np.array([r.content["metrics"]["num-examples"] for r in clean], dtype=np.float64)
+    expected = sum(w * s["head.weight"].double() for w, s in zip(n / n.sum(), states))
+    assert torch.allclose(strategy.global_state["head.weight"].double(), expected, atol=1e-6)
+
+
+def test_client_rejects_arrays_of_another_model(grid_factory, tmp_path):
+    _, strategy, grid = _setup(grid_factory, tmp_path)
+    msgs, _ = _train_round(strategy, grid)
+    arrays = from_record(msgs[0].content["arrays"])
+    arrays["head.weight"] = torch.zeros(3, 3)
+    msgs[0].content["arrays"] = to_record(arrays)
+    reply = grid.send_and_receive([msgs[0]])[0]
+    assert reply.has_error() and "head.weight" in reply.error.reason and "shape" in reply.error.reason
+
+
+def test_sampling_depends_only_on_seed_and_round(grid_factory, tmp_path):
+    cfg = run_config(fraction_train=0.5, results_dir=str(tmp_path))
+    a, b = build_strategy(load_settings(cfg)), build_strategy(load_settings(cfg))
+    for s in (a, b):
+        s.node_of = {i: 100 + i for i in range(10)}
+    assert [a.sample(r) for r in range(1, 6)] == [b.sample(r) for r in range(1, 6)]
+    assert all(len(a.sample(r)) == 5 for r in range(1, 6))
+    assert len({tuple(a.sample(r)) for r in range(1, 6)}) > 1
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_full_run_in_process_writes_metrics(grid_factory, tmp_path, method):
+    cfg = run_config(method=method, num_server_rounds=3, results_dir=str(tmp_path),
+                     model="cnn-bn" if method == "fedbn" else "auto")  # fmt: skip
+    grid = grid_factory(cfg, N)
+    build_strategy(load_settings(cfg)).start(grid=grid)
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["round"] for r in doc["rounds"]] == [1, 2, 3]
+    assert doc["rounds"][-1]["accuracy"] > doc["rounds"][0]["accuracy"] - 0.05
+    assert set(doc["final"]["per-client-accuracy"]) == {"0", "1", "2"}
+    assert (tmp_path / "accuracy.png").stat().st_size > 1000
+    if method == "local":
+        assert doc["final"]["bytes-down"] == doc["final"]["bytes-up"] == 0
+    else:
+        assert doc["rounds"][0]["bytes-up"] > 0

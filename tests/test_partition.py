@@ -1,0 +1,125 @@
+"""Partition properties: class counts, disjointness, per-client train/test distributions, determinism."""
+
+import numpy as np
+import pytest
+
+from pflower.config import load_settings
+from pflower.datasets import PartitionError, client_data, federated_indices, global_test
+from pflower.datasets import partition as P
+
+LABELS = np.repeat(np.arange(10), 300)  # 3,000 samples, 10 balanced classes
+np.random.default_rng(0).shuffle(LABELS)
+
+
+def _assert_disjoint(parts):
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(np.unique(allidx))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 10])
+def test_pathological_k_classes_equal_samples(k):
+    parts = P.pathological(LABELS, 10, k, seed=3)
+    _assert_disjoint(parts)
+    sizes = set()
+    for p in parts:
+        classes, counts = np.unique(LABELS[p], return_counts=True)
+        assert len(classes) == k
+        assert len(set(counts)) == 1  # same number of samples per class
+        sizes.add(len(p))
+    assert len(sizes) == 1
+
+
+def test_pathological_uses_classes_evenly():
+    parts = P.pathological(LABELS, 10, 4, seed=0)
+    uses = np.bincount(np.concatenate([np.unique(LABELS[p]) for p in parts]), minlength=10)
+    assert uses.max() - uses.min() <= 1
+
+
+def test_dominant_share():
+    parts = P.dominant(LABELS, 10, 2, 0.8, seed=1)
+    _assert_disjoint(parts)
+    for p in parts:
+        counts = np.sort(np.bincount(LABELS[p], minlength=10))[::-1]
+        assert (counts > 0).all()  # every class present
+        assert counts[:2].sum() / counts.sum() == pytest.approx(0.8, abs=0.05)
+
+
+def test_dirichlet_small_alpha_is_skewed_and_large_alpha_is_balanced():
+    skewed = P.dirichlet(LABELS, 10, 0.1, seed=0)
+    flat = P.dirichlet(LABELS, 10, 100.0, seed=0)
+    _assert_disjoint(skewed)
+    assert sum(len(p) for p in skewed) == len(LABELS)
+
+    def top_share(parts):
+        return np.mean([np.bincount(LABELS[p], minlength=10).max() / len(p) for p in parts])
+
+    assert top_share(skewed) > 0.4
+    assert top_share(flat) < 0.2
+
+
+def test_iid_covers_everything_equally():
+    parts = P.iid(LABELS, 7, seed=0)
+    _assert_disjoint(parts)
+    assert sum(len(p) for p in parts) == len(LABELS)
+    assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_label_groups_disjoint_label_sets(groups):
+    parts, group_of = P.label_groups(LABELS, 8, groups, seed=0)
+    _assert_disjoint(parts)
+    assert sorted(np.bincount(group_of).tolist()) == sorted(np.bincount(np.arange(8) % groups).tolist())
+    label_sets = {}
+    for i, p in enumerate(parts):
+        label_sets.setdefault(group_of[i], set()).update(np.unique(LABELS[p]).tolist())
+    sets = list(label_sets.values())
+    for a in range(len(sets)):
+        for b in range(a + 1, len(sets)):
+            assert not sets[a] & sets[b]
+    assert set().union(*sets) == set(range(10))
+    for i in range(8):  # same group -> same labels
+        for j in range(8):
+            if group_of[i] == group_of[j]:
+                assert set(np.unique(LABELS[parts[i]])) == set(np.unique(LABELS[parts[j]]))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s: P.pathological(LABELS, 10, 4, s),
+    lambda s: P.dominant(LABELS, 10, 2, 0.8, s),
+    lambda s: P.dirichlet(LABELS, 10, 0.5, s),
+    lambda s: P.iid(LABELS, 10, s),
+    lambda s: P.label_groups(LABELS, 10, 3, s)[0],
+])
+def test_deterministic_for_a_seed(fn):
+    a, b, c = fn(5), fn(5), fn(6)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_train_test_split_is_stratified():
+    idx = np.flatnonzero(np.isin(LABELS, [1, 4, 7]))
+    tr, te = P.train_test_split(idx, LABELS, 0.3, seed=0)
+    assert len(np.intersect1d(tr, te)) == 0 and len(tr) + len(te) == len(idx)
+    p_tr = np.bincount(LABELS[tr], minlength=10) / len(tr)
+    p_te = np.bincount(LABELS[te], minlength=10) / len(te)
+    assert np.abs(p_tr - p_te).max() < 0.02
+    assert len(te) / len(idx) == pytest.approx(0.3, abs=0.01)
+
+
+def test_client_data_on_digits_matches_partition():
+    s = load_settings({"partition": "pathological", "classes-per-client": 3, "seed": 2})
+    fi = federated_indices(s, 5)
+    for cid in range(5):
+        train, test = client_data(s, cid, 5)
+        assert set(train.y.unique().tolist()) == set(test.y.unique().tolist())
+        assert len(train.y.unique()) == 3
+        assert len(train) == len(fi.train[cid]) and len(test) == len(fi.test[cid])
+        assert train.x.shape[1:] == (1, 8, 8)
+    g = global_test(s, 5)
+    assert len(g) == sum(len(t) for t in fi.test)
+
+
+def test_too_many_clients_names_the_empty_client():
+    s = load_settings({"partition": "pathological", "classes-per-client": 1})
+    with pytest.raises(PartitionError, match="client"):
+        federated_indices(s, 2000)

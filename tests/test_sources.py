@@ -1,0 +1,83 @@
+"""IDX reading (gzipped and raw), MNIST from the shared folder, and clear errors for bad files."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from conftest import MNIST_DIR
+from pflower.datasets.sources import DataError, load_digits, load_idx_family, read_idx
+
+
+def _idx_bytes(arr: np.ndarray) -> bytes:
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    return header + arr.astype(np.uint8).tobytes()
+
+
+def _write_mnist_like(root, n=20, gz=True, name="train"):
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = np.arange(n, dtype=np.uint8) % 10
+    for stem, arr in ((f"{name}-images-idx3-ubyte", imgs), (f"{name}-labels-idx1-ubyte", labels)):
+        data = _idx_bytes(arr)
+        if gz:
+            (root / f"{stem}.gz").write_bytes(gzip.compress(data))
+        else:
+            (root / stem).write_bytes(data)
+    return imgs, labels
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_read_idx_roundtrip(tmp_path, gz):
+    imgs, labels = _write_mnist_like(tmp_path, gz=gz)
+    suffix = ".gz" if gz else ""
+    assert np.array_equal(read_idx(tmp_path / f"train-images-idx3-ubyte{suffix}"), imgs)
+    assert np.array_equal(read_idx(tmp_path / f"train-labels-idx1-ubyte{suffix}"), labels)
+
+
+def test_pool_concatenates_splits(tmp_path):
+    _write_mnist_like(tmp_path, n=20, name="train")
+    _write_mnist_like(tmp_path, n=10, name="t10k", gz=False)
+    pool = load_idx_family("mnist", tmp_path)
+    assert pool.x.shape == (30, 1, 28, 28) and pool.y.shape == (30,)
+    assert pool.num_classes == 10
+    assert abs(float(pool.x.mean())) < 1e-4  # standardized
+
+
+def test_missing_files_name_the_folder(tmp_path):
+    with pytest.raises(DataError, match=str(tmp_path)):
+        load_idx_family("mnist", tmp_path)
+
+
+def test_missing_labels_file(tmp_path):
+    _write_mnist_like(tmp_path)
+    (tmp_path / "train-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz"):
+        load_idx_family("mnist", tmp_path)
+
+
+def test_truncated_file(tmp_path):
+    _write_mnist_like(tmp_path, gz=False)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        load_idx_family("mnist", tmp_path)
+
+
+def test_corrupt_gzip(tmp_path):
+    _write_mnist_like(tmp_path)
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DataError, match="cannot read IDX file"):
+        load_idx_family("mnist", tmp_path)
+
+
+def test_digits_is_embedded():
+    pool = load_digits()
+    assert pool.x.shape == (1797, 1, 8, 8) and pool.num_classes == 10
+
+
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST test set not present")
+def test_shared_mnist_folder_loads():
+    pool = load_idx_family("mnist", MNIST_DIR)
+    assert pool.x.shape == (10000, 1, 28, 28)
+    assert np.bincount(pool.y.numpy()).tolist()[0] == 980  # MNIST t10k has 980 zeros
