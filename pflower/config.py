@@ -71,6 +71,7 @@ class Settings(BaseModel):
     seed: int = Field(0, ge=0)
     results_dir: str = "results"
     round_timeout: float = Field(600.0, gt=0)
+    client_threads: int = Field(1, ge=1)
     proximal_mu: float = Field(0.01, ge=0)
     fedrep_body_epochs: int = Field(1, ge=1)
 

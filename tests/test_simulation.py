@@ -53,6 +53,25 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
     assert "[round 3/3] accuracy" in log
 
 
+def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
+    """Same seed, same numbers: Ray's worker placement and threads do not change the result."""
+    from conftest import run_config
+    from pflower.config import load_settings
+    from pflower.methods import build_strategy
+
+    ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
+    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'")
+    assert status == "finished:completed", log
+    cfg = run_config(num_server_rounds=2, fraction_train=0.67, results_dir=str(local_dir))
+    build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
+    ray_rounds = json.loads((ray_dir / "metrics.json").read_text())["rounds"]
+    local_rounds = json.loads((local_dir / "metrics.json").read_text())["rounds"]
+    for a, b in zip(ray_rounds, local_rounds):
+        assert a["per-client-accuracy"] == b["per-client-accuracy"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-9)
+        assert a["sampled"] == b["sampled"] == 2
+
+
 def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path):
     run_id, status, log = _run(superlink, f"lr=-0.5 results-dir='{tmp_path}'")
     assert status == "finished:failed"

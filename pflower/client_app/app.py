@@ -58,6 +58,8 @@ class Runtime:
 
 @lru_cache(maxsize=64)
 def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
+    # Fixed, not inherited: results depend on the thread count (reduction order).
+    torch.set_num_threads(settings.client_threads)
     train, test = client_data(settings, client_id, num_clients)
     pool = pool_for(settings)
     if pool.shape != settings.image_shape or pool.num_classes != settings.num_classes:
