@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn"]
+Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla"]
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
@@ -74,6 +74,11 @@ class Settings(BaseModel):
     client_threads: int = Field(1, ge=1)
     proximal_mu: float = Field(0.01, ge=0)
     fedrep_body_epochs: int = Field(1, ge=1)
+    hn_lr: float = Field(5e-3, gt=0)
+    hn_embedding_dim: int = Field(100, ge=1)
+    hn_hidden_dim: int = Field(100, ge=1)
+    hn_key_dim: int = Field(100, ge=1)
+    top_k: int = Field(1, ge=0)
 
     @property
     def num_classes(self) -> int:

@@ -8,9 +8,10 @@ from pflower.client_app.fedper import FedPerClient
 from pflower.client_app.fedprox import FedProxClient
 from pflower.client_app.fedrep import FedRepClient
 from pflower.client_app.local import LocalClient
+from pflower.client_app.pfedla import PFedLAClient
 from pflower.config import Settings
 from pflower.models import build_model
-from pflower.strategies import FedAvg, Local, PflStrategy
+from pflower.strategies import FedAvg, Local, PFedLA, PflStrategy
 
 METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "fedavg": (ClientMethod, FedAvg),
@@ -19,6 +20,8 @@ METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "fedper": (FedPerClient, FedAvg),
     "fedrep": (FedRepClient, FedAvg),
     "fedbn": (FedBNClient, FedAvg),
+    "pfedla": (PFedLAClient, PFedLA),
+    "heurpfedla": (PFedLAClient, PFedLA),
 }
 
 
@@ -30,4 +33,4 @@ def build_strategy(settings: Settings) -> PflStrategy:
     """The method's strategy, with the initial model of ``seed`` and the method's upload keys."""
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
     keys = client_method(settings).upload_keys(model)
-    return METHODS[settings.method][1](settings, model.state_dict(), keys)
+    return METHODS[settings.method][1].from_model(settings, model, keys)

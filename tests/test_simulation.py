@@ -15,6 +15,8 @@ METHOD_CONFIGS = {
     "fedper": "",
     "fedrep": "",
     "fedbn": "model='cnn-bn'",
+    "pfedla": "",
+    "heurpfedla": "top-k=1",
 }
 
 

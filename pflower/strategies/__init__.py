@@ -3,5 +3,6 @@
 from pflower.strategies.base import PflStrategy
 from pflower.strategies.fedavg import FedAvg
 from pflower.strategies.local import Local
+from pflower.strategies.pfedla import PFedLA
 
-__all__ = ["FedAvg", "Local", "PflStrategy"]
+__all__ = ["FedAvg", "Local", "PFedLA", "PflStrategy"]

@@ -65,6 +65,14 @@ class PflStrategy(Strategy):
         """The current global model, if the method has one."""
         return ArrayRecord()
 
+    def round_extras(self) -> dict:
+        """Method-specific entries for this round's row of metrics.json."""
+        return {}
+
+    @classmethod
+    def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PflStrategy":
+        return cls(settings, model.state_dict(), upload_keys)
+
     # --------------------------------------------------------- client identity
     def discover(self, grid: Grid, timeout: float) -> None:
         """Ask every new node for its client id until all clients are known or time runs out."""
@@ -236,6 +244,7 @@ class PflStrategy(Strategy):
                     "missing": sorted(set(silent) | set(e_silent)),
                     "rejected": dict(self.rejected),
                     "per-client-accuracy": {str(c): a for c, a in sorted(self.last_accuracy.items())},
+                    **self.round_extras(),
                 }
             )
         recorder.finish()

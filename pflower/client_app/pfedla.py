@@ -1,0 +1,15 @@
+"""pFedLA / HeurpFedLA client: trains what it receives (its personalized model) and uploads every
+layer's parameters; BN statistics and, for HeurpFedLA, the retained layers the server did not
+send stay in its personal state."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.models import layers
+
+
+class PFedLAClient(ClientMethod):
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        return [k for layer in layers(model) for k in layer.keys]

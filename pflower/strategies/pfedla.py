@@ -1,0 +1,96 @@
+"""pFedLA and HeurpFedLA: layer-wise personalized aggregation learned by server-side hypernetworks.
+
+Server state: every client's latest model (rows of ``theta`` [N, P], parameters only: BN
+statistics stay on the clients) and one hypernetwork per client (``HyperNetworks``).
+Each round, from one snapshot of ``theta``:
+
+1. every sampled client i gets bar_theta_i, layer l = sum_j alpha_i^{l,j} theta_j^l;
+2. it trains locally and returns theta_i_new;
+3. the hypernetworks of the replying clients take one step that moves bar_theta_i toward
+   theta_i_new, then theta_i <- theta_i_new.
+
+HeurpFedLA (``top-k`` > 0): the k layers with the highest self-weight alpha_i^{l,i} are
+retained by client i: they are left out of its message and the client keeps its own copy.
+The client still uploads every layer (others aggregate them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from pflower.config import ConfigError, Settings
+from pflower.models import Layer, layers
+from pflower.records import FlatSpec, to_record
+from pflower.strategies.base import PflStrategy
+from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, mix
+from pflower.strategies.validation import Reply
+
+#: Record alpha of every client in metrics.json up to this many clients (N x layers x N numbers).
+ALPHA_RECORD_LIMIT = 100
+
+
+class PFedLA(PflStrategy):
+    def __init__(self, settings: Settings, template: Mapping[str, torch.Tensor], upload_keys: Sequence[str], layers: Sequence[Layer]):
+        super().__init__(settings, template, upload_keys)
+        self.layers = [l for l in layers if set(l.keys) <= set(upload_keys)]
+        keys = [k for l in self.layers for k in l.keys]
+        self.spec = FlatSpec.of(template, keys)
+        self.segments = [(self.spec.slice(l.keys[0]).start, self.spec.slice(l.keys[-1]).stop) for l in self.layers]
+        self.initial = self.spec.flatten(template)
+        self.top_k = settings.top_k if settings.method == "heurpfedla" else 0
+        if self.top_k > len(self.layers):
+            raise ConfigError([("top-k", self.top_k, f"must be <= {len(self.layers)} (layers of the model)")])
+        self.theta: torch.Tensor | None = None
+        self.hn: HyperNetworks | None = None
+        self._round: dict[int, tuple[torch.Tensor, set[str]]] = {}
+
+    @classmethod
+    def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
+        return cls(settings, model.state_dict(), upload_keys, layers(model))
+
+    def discover(self, grid: Grid, timeout: float) -> None:
+        super().discover(grid, timeout)
+        n = self.num_clients
+        if self.theta is None or self.theta.shape[0] != n:
+            s = self.settings
+            self.theta = self.initial.repeat(n, 1)
+            self.hn = HyperNetworks.create(n, len(self.layers), s.hn_embedding_dim, s.hn_hidden_dim, s.hn_key_dim, s.seed)
+
+    def retained(self, alpha: torch.Tensor, client_id: int) -> set[str]:
+        """Keys of the ``top-k`` layers with the highest self-weight (alpha [L, N] of the client)."""
+        if self.top_k == 0:
+            return set()
+        top = torch.topk(alpha[:, client_id], self.top_k).indices.tolist()
+        return {k for l in top for k in self.layers[l].keys}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        ids = self.sample(server_round)
+        with torch.no_grad():
+            idx = torch.tensor(ids)
+            alpha = self.hn.alpha(idx)
+            bar = mix(alpha, self.theta, self.segments)
+        self._round = {cid: (bar[r], self.retained(alpha[r], cid)) for r, cid in enumerate(ids)}
+        return self._messages(ids, "train", self.train_arrays, server_round, config)
+
+    def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
+        flat, retained = self._round[client_id]
+        state = self.spec.unflatten(flat)
+        return to_record(state, [k for k in self.spec.keys if k not in retained])
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        ids = torch.tensor([r.client_id for r in replies])
+        trained = self.spec.stack(r.arrays for r in replies)
+        hypernetwork_update(self.hn, ids, self.theta, trained, self.segments, self.settings.hn_lr)
+        self.theta[ids] = trained
+
+    def round_extras(self) -> dict:
+        """The aggregation weights after this round: alpha[client][layer] = list over clients."""
+        if self.num_clients > ALPHA_RECORD_LIMIT:
+            return {}
+        with torch.no_grad():
+            alpha = self.hn.alpha(torch.arange(self.num_clients))
+        return {"alpha": {str(i): [[round(float(x), 5) for x in row] for row in a] for i, a in enumerate(alpha)}}

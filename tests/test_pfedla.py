@@ -1,0 +1,148 @@
+"""pFedLA / HeurpFedLA: hypernetwork math (no Flower), and the strategy in process."""
+
+import json
+
+import pytest
+import torch
+from flwr.app import ConfigRecord
+
+from conftest import run_config
+from pflower.config import ConfigError, load_settings
+from pflower.methods import build_strategy
+from pflower.records import from_record, payload_bytes, to_record
+from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, mix
+
+SEGMENTS = [(0, 6), (6, 10)]  # two layers of a 10-parameter model
+
+
+def test_alpha_is_a_distribution_per_layer():
+    hn = HyperNetworks.create(5, 2, 8, 8, 100, seed=0)
+    a = hn.alpha(torch.tensor([0, 3]))
+    assert a.shape == (2, 2, 5)
+    assert torch.allclose(a.sum(-1), torch.ones(2, 2)) and (a >= 0).all()
+
+
+def test_all_zero_weights_fall_back_to_the_client_itself():
+    hn = HyperNetworks.create(4, 2, 8, 8, 100, seed=0)
+    hn.params["hb"][:] = -100.0  # ReLU kills every head output
+    a = hn.alpha(torch.tensor([2]))
+    assert torch.equal(a[0, :, 2], torch.ones(2)) and a[0].sum() == 2
+
+
+def test_mix_is_layerwise_weighted_sum():
+    theta = torch.arange(30, dtype=torch.float32).reshape(3, 10)
+    alpha = torch.tensor([[[1.0, 0, 0], [0, 0.5, 0.5]]])
+    out = mix(alpha, theta, SEGMENTS)
+    assert torch.equal(out[0, :6], theta[0, :6])
+    assert torch.equal(out[0, 6:], 0.5 * (theta[1, 6:] + theta[2, 6:]))
+
+
+def test_update_moves_personalized_model_toward_the_trained_one():
+    torch.manual_seed(0)
+    hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
+    theta = torch.randn(3, 10)
+    ids = torch.tensor([0, 2])
+    bar = mix(hn.alpha(ids), theta, SEGMENTS)
+    trained = bar + 0.3 * torch.randn_like(bar)
+    before = (bar - trained).norm(dim=1)
+    used = hypernetwork_update(hn, ids, theta, trained, SEGMENTS, lr=0.05)
+    assert torch.equal(used, bar)
+    after = (mix(hn.alpha(ids), theta, SEGMENTS) - trained).norm(dim=1)
+    assert (after < before).all()
+    untouched = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
+    assert torch.equal(hn.params["w1"][1], untouched.params["w1"][1])  # client 1 was not updated
+
+
+def test_two_groups_learn_to_aggregate_within_their_group():
+    """Clients 0,1 pull toward target A, clients 2,3 toward B: weights concentrate within groups."""
+    n, group = 4, torch.tensor([0, 0, 1, 1])
+    targets = torch.stack([torch.full((10,), 3.0), torch.full((10,), -3.0)])
+    hn = HyperNetworks.create(n, 2, 16, 16, 100, seed=1)
+    theta = torch.zeros(n, 10)
+    ids = torch.arange(n)
+    same = group[:, None] == group[None, :]
+
+    def within_share():
+        a = hn.alpha(ids).detach()  # [N, L, N]
+        return (a * same[:, None, :]).sum(-1).mean().item()
+
+    start = within_share()
+    for _ in range(60):
+        with torch.no_grad():
+            bar = mix(hn.alpha(ids), theta, SEGMENTS)
+        trained = bar + 0.5 * (targets[group] - bar)  # one local "training" step
+        hypernetwork_update(hn, ids, theta, trained, SEGMENTS, lr=0.02)
+        theta = trained
+    end = within_share()
+    assert start == pytest.approx(0.5, abs=0.05)
+    assert end > 0.8 and end > start + 0.25
+
+
+def _strategy_and_grid(grid_factory, tmp_path, **kw):
+    cfg = run_config(num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path), **kw)
+    strategy = build_strategy(load_settings(cfg))
+    grid = grid_factory(cfg, 3)
+    strategy.discover(grid, timeout=5)
+    return strategy, grid
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_heurpfedla_does_not_send_retained_layers(grid_factory, tmp_path, k):
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", top_k=k)
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    for msg in msgs:
+        cid = strategy.client_of[msg.metadata.dst_node_id]
+        flat, retained = strategy._round[cid]
+        full = to_record(strategy.spec.unflatten(flat))
+        layer_keys = [set(l.keys) for l in strategy.layers]
+        assert sum(keys <= retained for keys in layer_keys) == k
+        assert not retained & set(msg.content["arrays"].keys())
+        saved = sum(len(full[key].data) for key in retained)
+        assert payload_bytes(msg.content) == payload_bytes_of(full) - saved
+    replies = grid.send_and_receive(msgs)
+    assert all(set(r.content["arrays"].keys()) == set(strategy.spec.keys) for r in replies)
+
+
+def payload_bytes_of(record):
+    return sum(len(a.data) for a in record.values())
+
+
+def test_pfedla_k0_sends_the_whole_personalized_model(grid_factory, tmp_path):
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="pfedla")
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    assert all(list(m.content["arrays"].keys()) == list(strategy.spec.keys) for m in msgs)
+
+
+def test_top_k_larger_than_layers_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="'top-k' = 9 .* <= 4"):
+        build_strategy(load_settings(run_config(method="heurpfedla", top_k=9, results_dir=str(tmp_path))))
+
+
+def test_server_keeps_trained_models_and_updates_only_replying_hypernetworks(grid_factory, tmp_path):
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="pfedla", fraction_train=0.67)
+    # Distinct client models (in round 1 they are all equal, and alpha gets no gradient).
+    strategy.theta += 0.01 * torch.randn_like(strategy.theta)
+    initial = strategy.theta.clone()
+    before = {k: v.clone() for k, v in strategy.hn.params.items()}
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    replies = grid.send_and_receive(msgs)
+    strategy.aggregate_train(1, replies)
+    sampled = sorted(strategy._round)
+    (idle,) = set(range(3)) - set(sampled)
+    for r in replies:
+        cid = strategy.client_of[r.metadata.src_node_id]
+        assert torch.equal(strategy.theta[cid], strategy.spec.flatten(from_record(r.content["arrays"])))
+    assert torch.equal(strategy.theta[idle], initial[idle])
+    assert torch.equal(strategy.hn.params["w1"][idle], before["w1"][idle])
+    assert not torch.equal(strategy.hn.params["w1"][sampled[0]], before["w1"][sampled[0]])
+
+
+@pytest.mark.parametrize("method", ["pfedla", "heurpfedla"])
+def test_run_records_alpha(grid_factory, tmp_path, method):
+    cfg = run_config(method=method, num_server_rounds=3, results_dir=str(tmp_path))
+    build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    alpha = doc["rounds"][-1]["alpha"]
+    assert sorted(alpha) == ["0", "1", "2"]
+    assert len(alpha["0"]) == 4 and all(len(row) == 3 and abs(sum(row) - 1) < 1e-3 for row in alpha["0"])
+    assert doc["rounds"][-1]["accuracy"] > 0.5
