@@ -31,8 +31,8 @@ logging.getLogger("flwr").addFilter(_ConfigErrorWithoutTraceback())
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     try:
-        settings = load_settings(context.run_config)
-    except ConfigError as err:
+        strategy = build_strategy(load_settings(context.run_config))
+    except ConfigError as err:  # bad keys, or values the chosen model cannot take (top-k)
         log(ERROR, "%s", err)
         raise
-    build_strategy(settings).start(grid=grid)
+    strategy.start(grid=grid)

@@ -18,9 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-PARAM_NAMES = ("emb", "w1", "b1", "w2", "b2", "w3", "b3", "hw", "hb")
-
-
 @dataclass
 class HyperNetworks:
     """Stacked hypernetwork parameters of N clients (see the module docstring)."""
@@ -76,13 +73,6 @@ class HyperNetworks:
         """Plain SGD on the rows of clients ``ids``."""
         for name, g in grads.items():
             self.params[name][ids] -= lr * g
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**self.params, "keys": self.keys}
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, torch.Tensor]) -> "HyperNetworks":
-        return cls({k: state[k].clone() for k in PARAM_NAMES}, state["keys"].clone())
 
 
 def mix(alpha: torch.Tensor, theta: torch.Tensor, segments: list[tuple[int, int]]) -> torch.Tensor:

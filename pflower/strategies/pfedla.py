@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
 
 from pflower.config import ConfigError, Settings
@@ -36,9 +36,8 @@ ALPHA_RECORD_LIMIT = 100
 class PFedLA(PflStrategy):
     def __init__(self, settings: Settings, template: Mapping[str, torch.Tensor], upload_keys: Sequence[str], layers: Sequence[Layer]):
         super().__init__(settings, template, upload_keys)
-        self.layers = [l for l in layers if set(l.keys) <= set(upload_keys)]
-        keys = [k for l in self.layers for k in l.keys]
-        self.spec = FlatSpec.of(template, keys)
+        self.layers = list(layers)
+        self.spec = FlatSpec.of(template, [k for l in self.layers for k in l.keys])
         self.segments = [(self.spec.slice(l.keys[0]).start, self.spec.slice(l.keys[-1]).stop) for l in self.layers]
         self.initial = self.spec.flatten(template)
         self.top_k = settings.top_k if settings.method == "heurpfedla" else 0
@@ -53,12 +52,11 @@ class PFedLA(PflStrategy):
         return cls(settings, model.state_dict(), upload_keys, layers(model))
 
     def discover(self, grid: Grid, timeout: float) -> None:
+        """Learn the client ids, then allocate one model row and one hypernetwork per client."""
         super().discover(grid, timeout)
-        n = self.num_clients
-        if self.theta is None or self.theta.shape[0] != n:
-            s = self.settings
-            self.theta = self.initial.repeat(n, 1)
-            self.hn = HyperNetworks.create(n, len(self.layers), s.hn_embedding_dim, s.hn_hidden_dim, s.hn_key_dim, s.seed)
+        s, n = self.settings, self.num_clients
+        self.theta = self.initial.repeat(n, 1)
+        self.hn = HyperNetworks.create(n, len(self.layers), s.hn_embedding_dim, s.hn_hidden_dim, s.hn_key_dim, s.seed)
 
     def retained(self, alpha: torch.Tensor, client_id: int) -> set[str]:
         """Keys of the ``top-k`` layers with the highest self-weight (alpha [L, N] of the client)."""
@@ -74,7 +72,7 @@ class PFedLA(PflStrategy):
             alpha = self.hn.alpha(idx)
             bar = mix(alpha, self.theta, self.segments)
         self._round = {cid: (bar[r], self.retained(alpha[r], cid)) for r, cid in enumerate(ids)}
-        return self._messages(ids, "train", self.train_arrays, server_round, config)
+        return self._messages(ids, MessageType.TRAIN, self.train_arrays, server_round, config)
 
     def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
         flat, retained = self._round[client_id]
