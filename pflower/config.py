@@ -49,7 +49,7 @@ class Settings(BaseModel):
         alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
 
-    method: Method = "fedavg"
+    method: Method = "pfedla"
     dataset: Dataset = "digits"
     data_dir: str = ""
     download: bool = False
@@ -70,6 +70,8 @@ class Settings(BaseModel):
     weight_decay: float = Field(0.0, ge=0)
     seed: int = Field(0, ge=0)
     results_dir: str = "results"
+    resume_from: str = ""
+    state_dir: str = ""
     round_timeout: float = Field(600.0, gt=0)
     client_threads: int = Field(1, ge=1)
     proximal_mu: float = Field(0.01, ge=0)
@@ -95,6 +97,20 @@ class Settings(BaseModel):
     @property
     def results_path(self) -> Path:
         return Path(self.results_dir).expanduser().resolve()
+
+    @property
+    def state_paths(self) -> list[Path]:
+        """Where clients save their personal state, then where a resumed run's clients left it.
+
+        ``state-dir`` if set; by default ``<results-dir>/client-state``, falling back to
+        ``<resume-from>/client-state``.
+        """
+        if self.state_dir:
+            return [Path(self.state_dir).expanduser().resolve()]
+        paths = [self.results_path / "client-state"]
+        if self.resume_from:
+            paths.append(Path(self.resume_from).expanduser().resolve() / "client-state")
+        return paths
 
     def to_run_config(self) -> dict[str, Any]:
         """The settings as run-config keys (what metrics.json records)."""

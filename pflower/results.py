@@ -11,6 +11,7 @@ from typing import Any
 from flwr.common.logger import log
 
 from pflower.config import Settings
+from pflower.plots import draw_run
 
 
 def _mb(n: int) -> str:
@@ -18,8 +19,8 @@ def _mb(n: int) -> str:
 
 
 class Recorder:
-    """Collects one dict per round and writes ``metrics.json`` (after every round) and
-    ``accuracy.png`` (at the end) into ``results-dir``."""
+    """Collects one dict per round and writes ``metrics.json`` (after every round) and the
+    figures of :func:`pflower.plots.draw_run` (at the end) into ``results-dir``."""
 
     def __init__(self, settings: Settings, rounds: list[dict[str, Any]] | None = None):
         self.settings = settings
@@ -74,24 +75,5 @@ class Recorder:
 
     def finish(self) -> None:
         self.write()
-        plot_accuracy(self.rounds, self.dir / "accuracy.png", title=f"{self.settings.method} on {self.settings.dataset}")
+        draw_run(self.document(), self.dir)
         log(INFO, "Results written to %s", self.dir)
-
-
-def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Mean and sample-weighted accuracy per round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    x = [r["round"] for r in rounds]
-    ax.plot(x, [r["accuracy"] for r in rounds], marker="o", ms=3, label="mean over clients")
-    ax.plot(x, [r["weighted-accuracy"] for r in rounds], ls="--", label="sample-weighted")
-    ax.set(xlabel="round", ylabel="test accuracy (personalized)", title=title, ylim=(0, 1))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -139,23 +139,23 @@ def test_rejected_reply_never_reaches_the_aggregate(grid_factory, tmp_path):
             reply.content["arrays"] = to_record(arrays)
         return reply
 
-    cfg = run_config(local_epochs=1, results_dir=str(tmp_path))
+    cfg = run_config(method="fedavg", local_epochs=1, results_dir=str(tmp_path))
     settings = load_settings(cfg)
     strategy = build_strategy(settings)
     grid = grid_factory(cfg, N, tamper=poison)
     strategy.discover(grid, timeout=5)
     _, replies = _train_round(strategy, grid)
     clean = [r for r in replies if r.metadata.src_node_id != 101]
+    states = [from_record(r.content["arrays"]) for r in clean]
     strategy.aggregate_train(1, replies)
     assert dict(strategy.rejected) == {"non-finite": 1}
-    states = [from_record(r.content["arrays"]) for r in clean]
     n = np.array([r.content["metrics"]["num-examples"] for r in clean], dtype=np.float64)
     expected = sum(w * s["head.weight"].double() for w, s in zip(n / n.sum(), states))
     assert torch.allclose(strategy.global_state["head.weight"].double(), expected, atol=1e-6)
 
 
 def test_client_rejects_arrays_of_another_model(grid_factory, tmp_path):
-    _, strategy, grid = _setup(grid_factory, tmp_path)
+    _, strategy, grid = _setup(grid_factory, tmp_path, method="fedavg")
     msgs, _ = _train_round(strategy, grid)
     arrays = from_record(msgs[0].content["arrays"])
     arrays["head.weight"] = torch.zeros(3, 3)

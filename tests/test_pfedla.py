@@ -90,10 +90,15 @@ def _strategy_and_grid(grid_factory, tmp_path, **kw):
 def test_heurpfedla_does_not_send_retained_layers(grid_factory, tmp_path, k):
     strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", top_k=k)
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    with torch.no_grad():
+        alpha = strategy.hn.alpha(torch.arange(strategy.num_clients))
+        bar = mix(alpha, strategy.theta, strategy.segments)
     for msg in msgs:
         cid = strategy.client_of[msg.metadata.dst_node_id]
-        flat, retained = strategy._round[cid]
-        full = to_record(strategy.spec.unflatten(flat))
+        retained = strategy.retained(alpha[cid], cid)
+        full = to_record(strategy.spec.unflatten(bar[cid]))
+        sent = from_record(msg.content["arrays"])
+        assert all(torch.equal(sent[key], full_t) for key, full_t in strategy.spec.unflatten(bar[cid]).items() if key in sent)
         layer_keys = [set(l.keys) for l in strategy.layers]
         assert sum(keys <= retained for keys in layer_keys) == k
         assert not retained & set(msg.content["arrays"].keys())
@@ -122,12 +127,13 @@ def test_server_keeps_trained_models_and_updates_only_replying_hypernetworks(gri
     before = {k: v.clone() for k, v in strategy.hn.params.items()}
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
     replies = grid.send_and_receive(msgs)
+    trained = {strategy.client_of[r.metadata.src_node_id]: strategy.spec.flatten(from_record(r.content["arrays"])) for r in replies}
     strategy.aggregate_train(1, replies)
-    sampled = sorted(strategy._round)
+    assert all(not r.content.array_records for r in replies)  # decoded replies drop their wire bytes
+    sampled = sorted(trained)
     (idle,) = set(range(3)) - set(sampled)
-    for r in replies:
-        cid = strategy.client_of[r.metadata.src_node_id]
-        assert torch.equal(strategy.theta[cid], strategy.spec.flatten(from_record(r.content["arrays"])))
+    for cid, flat in trained.items():
+        assert torch.equal(strategy.theta[cid], flat)
     assert torch.equal(strategy.theta[idle], initial[idle])
     assert torch.equal(strategy.hn.params["w1"][idle], before["w1"][idle])
     assert not torch.equal(strategy.hn.params["w1"][sampled[0]], before["w1"][sampled[0]])

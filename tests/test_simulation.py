@@ -87,3 +87,17 @@ def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path, config, 
     assert message in log
     assert "Traceback" not in log
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_resume_on_flower_continues_exactly(superlink, tmp_path):
+    """A second `flwr run` with resume-from (new run, new ClientApp contexts) ends where one run does."""
+    base = "method='heurpfedla' top-k=1 fraction-train=0.67 local-epochs=1"
+    runs = {}
+    for name, rounds, resume in (("full", 3, ""), ("first", 2, ""), ("second", 3, tmp_path / "first")):
+        _, status, log = _run(superlink, f"{base} num-server-rounds={rounds} results-dir='{tmp_path / name}' resume-from='{resume}'")
+        assert status == "finished:completed", log
+        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    assert "Resuming lineage" in log
+    strip = lambda doc: [{k: v for k, v in r.items() if k != "wall-seconds"} for r in doc["rounds"]]  # noqa: E731
+    assert strip(runs["second"]) == strip(runs["full"])
+    assert runs["second"]["lineage"] == runs["first"]["lineage"] != runs["full"]["lineage"]

@@ -2,6 +2,8 @@
 
 Each client keeps its whole personal model in ``context.state["personal"]``; a message
 overwrites the keys it carries, the method trains, and only the method's upload keys go back.
+After training the personal state is also saved to disk (:mod:`pflower.client_app.store`),
+so a resumed run or a restarted SuperNode continues with it.
 Everything derived from the run config (settings, data, model) is cached per process.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,6 +20,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, pool_for
 from pflower import methods
@@ -42,14 +46,31 @@ class Runtime:
     model: nn.Module
     initial: dict[str, torch.Tensor]
 
-    def personal_model(self, context: Context) -> nn.Module:
-        """The cached model loaded with this client's personal state (or the initial one)."""
+    def store(self, context: Context) -> StateStore:
+        """This client's saved states: in the node config's ``state-dir`` if set, else the run
+        config's (by default under results-dir, falling back to the resumed run's directory)."""
+        if root := context.node_config.get("state-dir"):
+            return StateStore(self.client_id, Path(str(root)).expanduser().resolve())
+        return StateStore(self.client_id, *self.settings.state_paths)
+
+    def personal_model(self, context: Context, msg: Message) -> nn.Module:
+        """The cached model loaded with this client's personal state (or the initial one).
+
+        A context without personal state first looks for a saved one of the message's lineage.
+        """
+        lineage, rnd = _lineage(msg), _round(msg)
+        if PERSONAL not in context.state and lineage:
+            saved = self.store(context).load(lineage, rnd)
+            for name, record in (saved or {}).items():
+                context.state[name] = record
         state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial
         self.model.load_state_dict(state)
         return self.model
 
-    def save(self, context: Context) -> None:
+    def save(self, context: Context, msg: Message) -> None:
         context.state[PERSONAL] = to_record(self.model.state_dict())
+        if lineage := _lineage(msg):
+            self.store(context).save(lineage, _round(msg), context.state)
 
     def seed(self, server_round: int) -> int:
         """Seed of this client's minibatch order in this round."""
@@ -102,9 +123,17 @@ def _received(msg: Message, model: nn.Module) -> dict[str, torch.Tensor]:
     return got
 
 
+def _config(msg: Message) -> ConfigRecord:
+    return msg.content.config_records.get("config", ConfigRecord())
+
+
 def _round(msg: Message) -> int:
-    config = msg.content.config_records.get("config", ConfigRecord())
-    return int(config.get("server-round", 0))
+    return int(_config(msg).get("server-round", 0))
+
+
+def _lineage(msg: Message) -> str:
+    """The run lineage the server sent (shared by a run and its resumptions); '' if none."""
+    return str(_config(msg).get("lineage", ""))
 
 
 @app.query()
@@ -118,11 +147,11 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     rt = runtime(context)
-    model = rt.personal_model(context)
+    model = rt.personal_model(context, msg)
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
     loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)))
-    rt.save(context)
+    rt.save(context, msg)
     state = model.state_dict()
     metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id})
     content = RecordDict({"arrays": to_record(state, rt.method.upload_keys(model)), "metrics": metrics})
@@ -133,7 +162,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_(msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (personal state + received arrays) on the local test split."""
     rt = runtime(context)
-    model = rt.personal_model(context)
+    model = rt.personal_model(context, msg)
     model.load_state_dict(_received(msg, model), strict=False)
     ev = evaluate(model, rt.test)
     metrics = MetricRecord(

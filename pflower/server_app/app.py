@@ -1,4 +1,4 @@
-"""The ServerApp: validate the run config, build the method's strategy, run it."""
+"""The ServerApp: validate the run config, build the method's strategy, run it (or resume it)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy
 
@@ -31,8 +32,10 @@ logging.getLogger("flwr").addFilter(_ConfigErrorWithoutTraceback())
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     try:
-        strategy = build_strategy(load_settings(context.run_config))
-    except ConfigError as err:  # bad keys, or values the chosen model cannot take (top-k)
+        settings = load_settings(context.run_config)
+        strategy = build_strategy(settings)
+        checkpoint = load_checkpoint(settings) if settings.resume_from else None
+        strategy.start(grid=grid, checkpoint=checkpoint)
+    except ConfigError as err:  # bad keys, values the model cannot take (top-k), an unusable resume-from
         log(ERROR, "%s", err)
         raise
-    strategy.start(grid=grid)

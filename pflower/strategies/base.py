@@ -6,14 +6,16 @@
 - Validation: every reply goes through :func:`check_reply` before a subclass sees it; rejected
   replies are logged and counted per reason.
 - Bytes: the array payload of every message sent and received is measured.
-- The round loop (:meth:`start`): train, aggregate, evaluate every client, record.
+- The round loop (:meth:`start`): train, aggregate, evaluate every client, record, checkpoint.
 
-Subclasses implement :meth:`train_arrays`, :meth:`evaluate_arrays` and :meth:`aggregate`.
+Subclasses implement :meth:`train_arrays`, :meth:`evaluate_arrays` and :meth:`aggregate`, and
+extend :meth:`state_dict` / :meth:`load_state_dict` with whatever server state they keep.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from logging import INFO, WARNING
@@ -25,7 +27,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from pflower.config import Settings
+from pflower.checkpoint import Checkpoint, save_checkpoint
+from pflower.config import ConfigError, Settings
 from pflower.records import payload_bytes
 from pflower.results import Recorder
 from pflower.strategies.validation import ArraySpec, Rejected, Reply, check_reply
@@ -69,6 +72,14 @@ class PflStrategy(Strategy):
         """Method-specific entries for this round's row of metrics.json."""
         return {}
 
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs (tensors, numbers, strings; loadable with weights_only)."""
+        return {"num-clients": self.num_clients, "num-examples": dict(self.num_examples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` after :meth:`discover` found the clients again."""
+        self.num_examples.update(state["num-examples"])
+
     @classmethod
     def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PflStrategy":
         return cls(settings, model.state_dict(), upload_keys)
@@ -91,7 +102,9 @@ class PflStrategy(Strategy):
                 log(WARNING, "Only %d of %d clients answered; going on with them", len(self.node_of), self.num_clients)
                 break
             time.sleep(0.5)
-        log(INFO, "Clients: %d (ids %s)", len(self.node_of), sorted(self.node_of))
+        ids = sorted(self.node_of)
+        shown = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 3 else str(ids)
+        log(INFO, "Clients: %d (ids %s)", len(ids), shown)
 
     def _register(self, reply: Message) -> None:
         node = reply.metadata.src_node_id
@@ -134,6 +147,9 @@ class PflStrategy(Strategy):
                 log(WARNING, "Rejected a reply of client %s: %s", expected, err)
                 continue
             valid[reply.client_id] = reply
+            if spec is not None:  # decoded: drop the wire bytes, so a round holds one copy of each update
+                for name in list(msg.content.array_records):
+                    del msg.content[name]
         return [valid[c] for c in sorted(valid)]
 
     # ---------------------------------------------------- Flower Strategy API
@@ -202,28 +218,44 @@ class PflStrategy(Strategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn=None,
+        checkpoint: Checkpoint | None = None,
     ) -> Result:
-        """Run the federation: identity query, then per round train -> aggregate -> evaluate."""
+        """Run the federation: identity query, then per round train -> aggregate -> evaluate.
+
+        After every round the whole state goes to ``<results-dir>/checkpoint.pt``; with
+        ``checkpoint`` (from ``resume-from``) the run continues after that checkpoint's round.
+        """
         s = self.settings
         num_rounds = num_rounds or s.num_server_rounds
         timeout = timeout or s.round_timeout
         self.summary()
-        recorder = Recorder(s)
+        lineage = checkpoint.lineage if checkpoint else uuid.uuid4().hex
+        recorder = Recorder(s, rounds=checkpoint.rounds if checkpoint else None)
         result = Result()
         self.discover(grid, timeout)
-        recorder.extra["num-clients"] = len(self.node_of)
-        for rnd in range(1, num_rounds + 1):
+        first = 1
+        if checkpoint is not None:
+            if (was := checkpoint.strategy["num-clients"]) != self.num_clients:
+                why = f"the checkpoint has {was} clients, this federation {self.num_clients}"
+                raise ConfigError([("resume-from", s.resume_from, why)])
+            self.load_state_dict(checkpoint.strategy)
+            first = checkpoint.round + 1
+            log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
+        recorder.extra.update({"num-clients": len(self.node_of), "lineage": lineage})
+        run_config = s.to_run_config()
+        for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
             self.rejected.clear()
-            config = ConfigRecord({"server-round": rnd, **(dict(train_config) if train_config else {})})
+            config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(train_config) if train_config else {})})
             msgs = self.configure_train(rnd, self.global_arrays(), config, grid)
             sampled = len(msgs)
             replies, down, up, silent = self._phase(grid, msgs)
+            del msgs  # sent: free them before aggregation
             arrays, train_metrics = self.aggregate_train(rnd, replies)
             result.train_metrics_clientapp[rnd] = train_metrics
             result.arrays = arrays or result.arrays
 
-            eval_config = ConfigRecord({"server-round": rnd, **(dict(evaluate_config) if evaluate_config else {})})
+            eval_config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(evaluate_config) if evaluate_config else {})})
             msgs = self.configure_evaluate(rnd, self.global_arrays(), eval_config, grid)
             eval_replies, e_down, e_up, e_silent = self._phase(grid, msgs)
             ev = self.aggregate_evaluate(rnd, eval_replies)
@@ -247,5 +279,6 @@ class PflStrategy(Strategy):
                     **self.round_extras(),
                 }
             )
+            save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, run_config, self.state_dict(), recorder.rounds))
         recorder.finish()
         return result

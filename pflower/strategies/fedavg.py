@@ -42,6 +42,14 @@ class FedAvg(PflStrategy):
     def global_arrays(self) -> ArrayRecord:
         return self._record
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "global": dict(self.global_state)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.global_state = {k: state["global"][k].to(self.dtypes[k]) for k in self.dtypes}
+        self._record = to_record(self.global_state)
+
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         stacked = self.spec.stack(r.arrays for r in replies)
         weights = torch.tensor([r.num_examples for r in replies], dtype=torch.float64)

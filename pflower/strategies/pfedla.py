@@ -17,7 +17,6 @@ The client still uploads every layer (others aggregate them).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
 from flwr.serverapp import Grid
@@ -31,6 +30,12 @@ from pflower.strategies.validation import Reply
 
 #: Record alpha of every client in metrics.json up to this many clients (N x layers x N numbers).
 ALPHA_RECORD_LIMIT = 100
+#: Clients per vectorized step: a round's extra memory is a few models per chunk, not per client.
+CHUNK = 16
+
+
+def _chunks(items: Sequence) -> list[Sequence]:
+    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
 
 
 class PFedLA(PflStrategy):
@@ -45,7 +50,7 @@ class PFedLA(PflStrategy):
             raise ConfigError([("top-k", self.top_k, f"must be <= {len(self.layers)} (layers of the model)")])
         self.theta: torch.Tensor | None = None
         self.hn: HyperNetworks | None = None
-        self._round: dict[int, tuple[torch.Tensor, set[str]]] = {}
+        self._outgoing: dict[int, ArrayRecord] = {}
 
     @classmethod
     def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
@@ -66,24 +71,37 @@ class PFedLA(PflStrategy):
         return {k for l in top for k in self.layers[l].keys}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        """Every sampled client's bar_theta_i, from this round's snapshot of ``theta``."""
         ids = self.sample(server_round)
         with torch.no_grad():
-            idx = torch.tensor(ids)
-            alpha = self.hn.alpha(idx)
-            bar = mix(alpha, self.theta, self.segments)
-        self._round = {cid: (bar[r], self.retained(alpha[r], cid)) for r, cid in enumerate(ids)}
+            for part in _chunks(ids):
+                alpha = self.hn.alpha(torch.tensor(part))
+                bar = mix(alpha, self.theta, self.segments)
+                for r, cid in enumerate(part):
+                    keys = [k for k in self.spec.keys if k not in self.retained(alpha[r], cid)]
+                    self._outgoing[cid] = to_record(self.spec.unflatten(bar[r]), keys)
         return self._messages(ids, MessageType.TRAIN, self.train_arrays, server_round, config)
 
     def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        flat, retained = self._round[client_id]
-        state = self.spec.unflatten(flat)
-        return to_record(state, [k for k in self.spec.keys if k not in retained])
+        return self._outgoing.pop(client_id)
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        ids = torch.tensor([r.client_id for r in replies])
-        trained = self.spec.stack(r.arrays for r in replies)
-        hypernetwork_update(self.hn, ids, self.theta, trained, self.segments, self.settings.hn_lr)
-        self.theta[ids] = trained
+        """Hypernetwork steps against the round's snapshot, then the new client models."""
+        for part in _chunks(replies):
+            ids = torch.tensor([r.client_id for r in part])
+            trained = self.spec.stack(r.arrays for r in part)
+            hypernetwork_update(self.hn, ids, self.theta, trained, self.segments, self.settings.hn_lr)
+        for part in _chunks(replies):
+            self.theta[torch.tensor([r.client_id for r in part])] = self.spec.stack(r.arrays for r in part)
+
+    def state_dict(self) -> dict:
+        """Client models, hypernetworks with embeddings and keys (plain SGD keeps no optimizer state)."""
+        return {**super().state_dict(), "theta": self.theta, "hn": dict(self.hn.params), "hn-keys": self.hn.keys}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.theta = state["theta"].clone()
+        self.hn = HyperNetworks({k: v.clone() for k, v in state["hn"].items()}, state["hn-keys"].clone())
 
     def round_extras(self) -> dict:
         """The aggregation weights after this round: alpha[client][layer] = list over clients."""

@@ -1,0 +1,169 @@
+"""pFedLA server cost: time per round and peak memory for N = 10, 100 and 1000 clients.
+
+The real strategy (``PFedLA.start``: identity query, personalized models, reply validation,
+hypernetwork updates, metrics and checkpoint every round) runs against a grid of stand-in
+clients that answer instantly: a training reply is the received model plus small noise. So the
+figures are the server's own cost. Each N runs in a fresh process; its memory is the peak
+resident size minus the size after a 2-client warm-up run (the runtime's fixed cost: about
+0.6 GB of torch, Flower and matplotlib, the same for every N).
+
+    .venv/bin/python bench/pfedla_server.py                 # N = 10, 100, 1000
+    .venv/bin/python bench/pfedla_server.py --clients 1000 --hn-hidden-dim 50 --hn-key-dim 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST = ROOT.parent / "shared" / "data" / "mnist"
+SERVER_PHASES = ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+class StandInClients(Grid):
+    """N clients that reply at once: trained model = received + N(0, 0.01^2) noise."""
+
+    def __init__(self, num_clients: int, seed: int = 0):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        self.n = num_clients
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def get_node_ids(self):
+        return [1000 + i for i in range(self.n)]
+
+    def _reply(self, msg: Message) -> Message:
+        from pflower.records import from_record, to_record
+
+        cid = msg.metadata.dst_node_id - 1000
+        metrics = {"client-id": cid, "num-examples": 100}
+        if msg.metadata.message_type == MessageType.QUERY:
+            return Message(RecordDict({"metrics": MetricRecord({**metrics, "num-clients": self.n})}), reply_to=msg)
+        if msg.metadata.message_type == MessageType.EVALUATE:
+            m = MetricRecord({**metrics, "accuracy": 0.5, "loss": 1.0})
+            return Message(RecordDict({"metrics": m}), reply_to=msg)
+        got = from_record(msg.content.array_records["arrays"])
+        trained = {k: v + 0.01 * torch.randn(v.shape, generator=self.gen) for k, v in got.items()}
+        content = RecordDict({"arrays": to_record(trained), "metrics": MetricRecord({**metrics, "train-loss": 1.0})})
+        return Message(content, reply_to=msg)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            out.append(self._reply(msg))
+        return out
+
+    def set_run(self, run):  # pragma: no cover
+        raise NotImplementedError
+
+    run = property(lambda self: None)
+    create_message = push_messages = pull_messages = set_run
+
+
+def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim: int) -> dict:
+    """One process, one N: run the strategy and time its server-side phases."""
+    from pflower.config import load_settings
+    from pflower.methods import build_strategy
+
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as out:
+        # Warm-up run with 2 clients: torch, autograd, Flower and matplotlib allocate their
+        # one-time buffers here, so the baseline below leaves out the runtime's fixed cost.
+        warm = {"method": "pfedla", "dataset": "mnist", "data-dir": str(MNIST), "num-server-rounds": 1, "results-dir": out}
+        build_strategy(load_settings(warm)).start(grid=StandInClients(2))
+        cfg = {
+            "method": "pfedla", "dataset": "mnist", "data-dir": str(MNIST), "num-server-rounds": rounds,
+            "fraction-train": fraction, "hn-hidden-dim": hidden, "hn-key-dim": key_dim, "results-dir": out,
+        }
+        settings = load_settings(cfg)
+        base = rss_bytes()
+        strategy = build_strategy(settings)
+        spent = {name: 0.0 for name in SERVER_PHASES}
+        per_round: list[float] = []
+
+        def timed(name, fn):
+            def wrapper(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    spent[name] += time.perf_counter() - t0
+            return wrapper
+
+        for name in SERVER_PHASES:
+            setattr(strategy, name, timed(name, getattr(strategy, name)))
+        grid = StandInClients(num_clients)
+        original = grid.send_and_receive
+
+        def phase_boundary(messages, **kw):  # a round ends with the evaluate phase
+            replies = original(messages, **kw)
+            if messages and messages[0].metadata.message_type == MessageType.EVALUATE:
+                per_round.append(sum(spent.values()))
+            return replies
+
+        grid.send_and_receive = phase_boundary
+        strategy.start(grid=grid)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model_bytes = strategy.theta.shape[1] * 4
+    rounds_s = [b - a for a, b in zip([0.0] + per_round[:-1], per_round)]
+    sampled = len(strategy.sample(1))
+    return {
+        "clients": num_clients,
+        "sampled": sampled,
+        "hn-hidden-dim": hidden,
+        "hn-key-dim": key_dim,
+        "server-seconds-per-round": sorted(rounds_s)[len(rounds_s) // 2],
+        "server-memory-bytes": peak - base,
+        "budget-bytes": int(1.5 * num_clients * model_bytes + num_clients * len(strategy.layers) * num_clients * 4),
+        "hypernetwork-bytes": sum(t.numel() * t.element_size() for t in strategy.hn.params.values()),
+        "theta-bytes": strategy.theta.numel() * 4,
+        "phase-seconds": {k: round(v / rounds, 3) for k, v in spent.items()},
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, nargs="*", default=[10, 100, 1000])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--hn-hidden-dim", type=int, default=100)
+    p.add_argument("--hn-key-dim", type=int, default=100)
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child process mode
+    args = p.parse_args()
+    if args.one:
+        n = args.clients[0]
+        print(json.dumps(measure(n, 1.0 if n <= 10 else 0.1, args.rounds, args.hn_hidden_dim, args.hn_key_dim)))
+        return 0
+    print("| N | sampled | hn hidden/key | server s/round | s/round per (sampled x N) | memory MiB | budget MiB | within |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.clients:
+        cmd = [sys.executable, __file__, "--one", "--clients", str(n), "--rounds", str(args.rounds),
+               "--hn-hidden-dim", str(args.hn_hidden_dim), "--hn-key-dim", str(args.hn_key_dim)]
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        t = r["server-seconds-per-round"]
+        mb = r["server-memory-bytes"] / 2**20
+        budget = r["budget-bytes"] / 2**20
+        print(f"| {n} | {r['sampled']} | {r['hn-hidden-dim']}/{r['hn-key-dim']} | {t:.3f} | {t / (r['sampled'] * n):.2e} "
+              f"| {mb:.0f} | {budget:.0f} | {'yes' if mb <= budget else 'no'} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

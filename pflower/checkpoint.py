@@ -1,0 +1,75 @@
+"""Server checkpoints: the whole strategy state after every round, and ``resume-from``.
+
+A checkpoint holds the run's lineage (an id shared by a run and every run resumed from it,
+which clients use to find their own saved state), the last finished round, the run config,
+the strategy's :meth:`state_dict` and the metrics rows so far. Resuming with the same seed
+continues the run exactly: sampling and minibatch orders depend only on (seed, client, round).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pflower.config import ConfigError, Settings
+
+CHECKPOINT = "checkpoint.pt"
+
+#: Keys a resumed run may change; every other key must equal the checkpoint's.
+RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "round-timeout", "data-dir", "state-dir"})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    lineage: str
+    round: int
+    config: dict[str, Any]
+    strategy: dict[str, Any]
+    rounds: list[dict[str, Any]]
+
+
+def save_checkpoint(directory: Path, ckpt: Checkpoint) -> Path:
+    """Write ``checkpoint.pt`` atomically: a crash leaves the previous round's file intact."""
+    path = directory / CHECKPOINT
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(
+        {
+            "lineage": ckpt.lineage,
+            "round": ckpt.round,
+            "config": json.dumps(ckpt.config),
+            "rounds": json.dumps(ckpt.rounds),
+            "strategy": ckpt.strategy,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(settings: Settings) -> Checkpoint:
+    """The checkpoint in ``resume-from``, checked against ``settings``; ConfigError if unusable."""
+    where = settings.resume_from
+    path = Path(where).expanduser().resolve() / CHECKPOINT
+    if not path.is_file():
+        raise ConfigError([("resume-from", where, f"no {CHECKPOINT} in that directory")])
+    try:
+        raw = torch.load(path, weights_only=True)
+        ckpt = Checkpoint(raw["lineage"], int(raw["round"]), json.loads(raw["config"]), raw["strategy"], json.loads(raw["rounds"]))
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
+        raise ConfigError([("resume-from", where, f"{path} is not a readable pflower checkpoint ({err})")]) from None
+    now = settings.to_run_config()
+    problems = [
+        (key, now.get(key), f"differs from the checkpoint in {where} ({old!r}); a resumed run may only change {sorted(RESUMABLE_CHANGES)}")
+        for key, old in sorted(ckpt.config.items())
+        if key not in RESUMABLE_CHANGES and now.get(key) != old
+    ]
+    if settings.num_server_rounds < ckpt.round:
+        problems.append(("num-server-rounds", settings.num_server_rounds, f"must be >= {ckpt.round}, the checkpoint's round"))
+    if problems:
+        raise ConfigError(problems)
+    return ckpt

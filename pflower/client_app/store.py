@@ -1,0 +1,79 @@
+"""A client's personal state on disk, so a restarted SuperNode or a resumed run continues with it.
+
+``context.state`` lives as long as the run in one SuperNode process. After training, the
+client also writes it to ``<root>/<lineage>/client-<id>/round-<r>.pt``; a context without
+personal state (a new run resumed from a checkpoint, a restarted SuperNode) loads the newest
+file of its lineage from a round before the current one, which is exactly the state it had
+when the server's checkpoint of that round was written. A state found under a fallback root
+(the resumed run's directory) is copied into the primary one, so chains of resumptions work.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from pflower.records import from_record, to_record
+
+#: Files kept per client: the state of the last rounds it trained in.
+KEEP = 2
+
+_KINDS = {"arrays": ArrayRecord, "config": ConfigRecord, "metrics": MetricRecord}
+
+
+def _plain(state: RecordDict) -> dict:
+    out = {}
+    for name, rec in state.items():
+        if isinstance(rec, ArrayRecord):
+            out[name] = ("arrays", from_record(rec))
+        else:
+            out[name] = ("config" if isinstance(rec, ConfigRecord) else "metrics", dict(rec))
+    return out
+
+
+def _records(plain: dict) -> RecordDict:
+    return RecordDict(
+        {name: to_record(value) if kind == "arrays" else _KINDS[kind](value) for name, (kind, value) in plain.items()}
+    )
+
+
+class StateStore:
+    """The saved states of one client (see the module docstring)."""
+
+    def __init__(self, client_id: int, root: Path, *fallbacks: Path):
+        self.client_id = client_id
+        self.roots = [root, *fallbacks]
+
+    def _dir(self, root: Path, lineage: str) -> Path:
+        return root / lineage / f"client-{self.client_id}"
+
+    def _write(self, d: Path, server_round: int, payload: bytes) -> Path:
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"round-{server_round:06d}.pt"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+        for old in sorted(d.glob("round-*.pt"))[:-KEEP]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def save(self, lineage: str, server_round: int, state: RecordDict) -> Path:
+        buf = io.BytesIO()
+        torch.save(_plain(state), buf)
+        return self._write(self._dir(self.roots[0], lineage), server_round, buf.getvalue())
+
+    def load(self, lineage: str, before_round: int) -> RecordDict | None:
+        """The newest saved state from a round before ``before_round``, or None."""
+        for root in self.roots:
+            d = self._dir(root, lineage)
+            saved = sorted(p for p in d.glob("round-*.pt") if int(p.stem.split("-")[1]) < before_round) if d.is_dir() else []
+            if saved:
+                payload = saved[-1].read_bytes()
+                if root != self.roots[0]:
+                    self._write(self._dir(self.roots[0], lineage), int(saved[-1].stem.split("-")[1]), payload)
+                return _records(torch.load(io.BytesIO(payload), weights_only=True))
+        return None

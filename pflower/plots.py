@@ -1,0 +1,105 @@
+"""Figures drawn from metrics.json (matplotlib, Agg backend: no display needed).
+
+Runs draw their figures when they finish; ``pflower-plot DIR...`` redraws them from the
+metrics.json files of finished runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import numpy as np  # noqa: E402
+
+
+def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Mean and sample-weighted accuracy per round."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = [r["round"] for r in rounds]
+    ax.plot(x, [r["accuracy"] for r in rounds], marker="o", ms=3, label="mean over clients")
+    ax.plot(x, [r["weighted-accuracy"] for r in rounds], ls="--", label="sample-weighted")
+    ax.set(xlabel="round", ylabel="test accuracy (personalized)", title=title, ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def alpha_array(alpha: dict[str, list[list[float]]]) -> np.ndarray:
+    """metrics.json's ``alpha`` (client -> layer -> weights over clients) as [N, L, N]."""
+    return np.array([alpha[str(i)] for i in range(len(alpha))])
+
+
+def plot_alpha_heatmaps(alpha: np.ndarray, path: Path, title: str) -> None:
+    """One client x client heatmap per layer: row i holds the weights client i gives to each j.
+
+    The colour scale spans the weights' own range (shared by all layers), so structure shows
+    even while the weights are still close to uniform.
+    """
+    n, num_layers, _ = alpha.shape
+    fig, axes = plt.subplots(1, num_layers, figsize=(3.2 * num_layers + 1, 3.4), squeeze=False)
+    for l, ax in enumerate(axes[0]):
+        im = ax.imshow(alpha[:, l, :], vmin=alpha.min(), vmax=alpha.max(), cmap="viridis")
+        ax.set(title=f"layer {l + 1}", xlabel="weight on client j", ylabel="client i" if l == 0 else None)
+        ax.set_xticks(range(n)), ax.set_yticks(range(n))
+        ax.tick_params(labelsize=6)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_alpha_evolution(rounds: list[int], alpha: np.ndarray, client: int, path: Path, title: str) -> None:
+    """The weights one client gives every other client, per layer, over rounds (alpha [R, L, N])."""
+    _, num_layers, n = alpha.shape
+    fig, axes = plt.subplots(1, num_layers, figsize=(3.2 * num_layers, 3.2), sharey=True, squeeze=False)
+    for l, ax in enumerate(axes[0]):
+        for j in range(n):
+            ax.plot(rounds, alpha[:, l, j], lw=2.5 if j == client else 1, label=f"client {j}")
+        ax.set(title=f"layer {l + 1}", xlabel="round", ylabel=f"weight of client {client}" if l == 0 else None)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle(title)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
+    """Every figure one run's metrics support: accuracy per round, and pFedLA's weights."""
+    cfg, rounds = doc["config"], doc["rounds"]
+    name = cfg["method"]
+    drawn = [directory / "accuracy.png"]
+    plot_accuracy(rounds, drawn[0], title=f"{name} on {cfg['dataset']}")
+    with_alpha = [r for r in rounds if "alpha" in r]
+    if with_alpha:
+        last = with_alpha[-1]
+        drawn.append(directory / "alpha-heatmap.png")
+        plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}")
+        history = np.stack([alpha_array(r["alpha"])[0] for r in with_alpha])
+        drawn.append(directory / "alpha-evolution.png")
+        plot_alpha_evolution([r["round"] for r in with_alpha], history, 0, drawn[-1], f"{name}: weights of client 0")
+    return drawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pflower-plot", description="Redraw the figures of finished runs.")
+    p.add_argument("results_dirs", nargs="+", type=Path, help="results-dir of a run (holds metrics.json)")
+    args = p.parse_args(argv)
+    for d in args.results_dirs:
+        path = d / "metrics.json"
+        if not path.is_file():
+            p.error(f"{path}: no such file")
+        for fig in draw_run(json.loads(path.read_text()), d):
+            print(fig)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

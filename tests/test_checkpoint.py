@@ -1,0 +1,107 @@
+"""Checkpoints and resume: a resumed run continues exactly; bad resume-from values are refused."""
+
+import json
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from conftest import run_config
+from pflower.checkpoint import CHECKPOINT, load_checkpoint
+from pflower.client_app.store import KEEP, StateStore
+from pflower.config import ConfigError, load_settings
+from pflower.methods import build_strategy
+from pflower.records import from_record, to_record
+
+
+def _run(grid_factory, results, rounds, resume="", **kw):
+    cfg = run_config(num_server_rounds=rounds, local_epochs=1, results_dir=str(results), resume_from=resume, **kw)
+    settings = load_settings(cfg)
+    checkpoint = load_checkpoint(settings) if resume else None
+    strategy = build_strategy(settings)
+    strategy.start(grid=grid_factory(cfg, 3), checkpoint=checkpoint)
+    return strategy, json.loads((results / "metrics.json").read_text())
+
+
+def _without_time(rounds):
+    return [{k: v for k, v in r.items() if k != "wall-seconds"} for r in rounds]
+
+
+@pytest.mark.parametrize(
+    "method,extra",
+    [("pfedla", {}), ("heurpfedla", {"top_k": 2}), ("fedavg", {}), ("fedper", {}), ("local", {})],
+)
+def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method, extra):
+    """2 rounds, then a new federation (fresh client contexts) resumes to 4: same metrics, same state."""
+    kw = dict(method=method, fraction_train=0.67, **extra)
+    full, full_doc = _run(grid_factory, tmp_path / "full", 4, **kw)
+    _run(grid_factory, tmp_path / "first", 2, **kw)
+    resumed, doc = _run(grid_factory, tmp_path / "second", 4, resume=str(tmp_path / "first"), **kw)
+    assert [r["round"] for r in doc["rounds"]] == [1, 2, 3, 4]
+    assert _without_time(doc["rounds"]) == _without_time(full_doc["rounds"])
+    for key, value in full.state_dict().items():
+        other = resumed.state_dict()[key]
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, other), key
+        elif isinstance(value, dict) and value and isinstance(next(iter(value.values())), torch.Tensor):
+            assert all(torch.equal(value[k], other[k]) for k in value), key
+        else:
+            assert value == other, key
+
+
+def test_chained_resumption_is_exact(tmp_path, grid_factory):
+    kw = dict(method="heurpfedla", fraction_train=0.34, top_k=1)
+    _, full = _run(grid_factory, tmp_path / "full", 5, **kw)
+    _run(grid_factory, tmp_path / "a", 2, **kw)
+    _run(grid_factory, tmp_path / "b", 3, resume=str(tmp_path / "a"), **kw)
+    _, doc = _run(grid_factory, tmp_path / "c", 5, resume=str(tmp_path / "b"), **kw)
+    assert _without_time(doc["rounds"]) == _without_time(full["rounds"])
+
+
+def test_checkpoint_written_every_round(tmp_path, grid_factory):
+    _run(grid_factory, tmp_path, 2, method="pfedla")
+    raw = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    assert raw["round"] == 2 and raw["strategy"]["theta"].shape[0] == 3
+    assert set(raw["strategy"]["hn"]) == {"emb", "w1", "b1", "w2", "b2", "w3", "b3", "hw", "hb"}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"lr": 0.05}, "run config key 'lr' = 0.05 is not allowed: differs from the checkpoint"),
+        ({"num_server_rounds": 1}, "run config key 'num-server-rounds' = 1 is not allowed: must be >= 2"),
+    ],
+)
+def test_incompatible_resume_is_refused(tmp_path, grid_factory, change, message):
+    _run(grid_factory, tmp_path / "a", 2)
+    cfg = run_config(**{"num_server_rounds": 3, "local_epochs": 1, "results_dir": str(tmp_path / "b"), "resume_from": str(tmp_path / "a"), **change})
+    with pytest.raises(ConfigError, match=message):
+        load_checkpoint(load_settings(cfg))
+
+
+def test_missing_or_corrupt_checkpoint_is_refused(tmp_path):
+    settings = load_settings(run_config(resume_from=str(tmp_path)))
+    with pytest.raises(ConfigError, match="no checkpoint.pt in that directory"):
+        load_checkpoint(settings)
+    (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="is not a readable pflower checkpoint"):
+        load_checkpoint(settings)
+
+
+def test_state_store_keeps_the_newest_rounds_and_loads_before_a_round(tmp_path):
+    store = StateStore(7, tmp_path)
+    for rnd in (1, 2, 4):
+        state = RecordDict({"personal": to_record({"w": torch.full((2,), float(rnd))}), "meta": ConfigRecord({"r": rnd})})
+        store.save("abc", rnd, state)
+    files = sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir())
+    assert files == [f"round-{r:06d}.pt" for r in (2, 4)][-KEEP:]
+    got = store.load("abc", before_round=4)
+    assert torch.equal(from_record(got["personal"])["w"], torch.full((2,), 2.0)) and got["meta"]["r"] == 2
+    assert store.load("abc", before_round=2) is None and store.load("other", before_round=9) is None
+
+
+def test_state_found_in_a_fallback_root_is_copied_forward(tmp_path):
+    StateStore(1, tmp_path / "old").save("L", 3, RecordDict({"personal": ArrayRecord()}))
+    store = StateStore(1, tmp_path / "new", tmp_path / "old")
+    assert store.load("L", before_round=4) is not None
+    assert (tmp_path / "new" / "L" / "client-1" / "round-000003.pt").is_file()
