@@ -148,3 +148,15 @@ def test_run_records_alpha(grid_factory, tmp_path, method):
     assert sorted(alpha) == ["0", "1", "2"]
     assert len(alpha["0"]) == 4 and all(len(row) == 3 and abs(sum(row) - 1) < 1e-3 for row in alpha["0"])
     assert doc["rounds"][-1]["accuracy"] > 0.5
+    assert (tmp_path / "alpha-heatmap.png").stat().st_size > 0 and (tmp_path / "alpha-evolution.png").stat().st_size > 0
+
+
+def test_pflower_plot_redraws_figures_from_metrics(tmp_path):
+    from pflower.plots import main
+
+    n, layers = 3, 2
+    alpha = {str(i): [[1 / n] * n for _ in range(layers)] for i in range(n)}
+    rows = [{"round": r, "accuracy": 0.5, "weighted-accuracy": 0.5, "alpha": alpha} for r in (1, 2)]
+    (tmp_path / "metrics.json").write_text(json.dumps({"config": {"method": "pfedla", "dataset": "digits"}, "rounds": rows}))
+    assert main([str(tmp_path)]) == 0
+    assert {p.name for p in tmp_path.glob("*.png")} == {"accuracy.png", "alpha-heatmap.png", "alpha-evolution.png"}

@@ -1,0 +1,182 @@
+"""Robustness: corrupt replies never reach server state (property-based), robust aggregation."""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from conftest import InProcessGrid, run_config
+from pflower.config import ConfigError, load_settings
+from pflower.methods import build_strategy
+from pflower.records import from_record, to_record
+
+N = 4
+MAX_NORM = 1e3
+METHODS = {
+    "fedavg": {},
+    "fedper": {},
+    "fedavg-median": {"method": "fedavg", "aggregation": "median"},
+    "fedavg-trimmed": {"method": "fedavg", "aggregation": "trimmed-mean", "trim_fraction": 0.25},
+    "pfedla": {},
+    "heurpfedla": {"top_k": 1},
+    "local": {},
+}
+
+# Each corruption and the reason it must be counted under.
+CORRUPTIONS = {
+    "error": "client-error",
+    "missing-array": "keys",
+    "extra-array": "keys",
+    "shape": "shape",
+    "dtype": "dtype",
+    "nan": "non-finite",
+    "inf": "non-finite",
+    "nan-metric": "non-finite",
+    "zero-examples": "num-examples",
+    "float-examples": "num-examples",
+    "inflated-examples": "num-examples",
+    "wrong-client-id": "client-id",
+    "two-records": "malformed",
+    "huge-update": "update-norm",
+}
+ARRAY_CORRUPTIONS = {"missing-array", "extra-array", "shape", "dtype", "nan", "inf", "huge-update", "two-records"}
+
+
+@lru_cache(maxsize=None)
+def _round_one(name: str):
+    """A strategy after discovery, its round-1 messages and the genuine replies (built once)."""
+    kw = dict(METHODS[name])
+    method = kw.pop("method", name)
+    cfg = run_config(method=method, local_epochs=1, max_update_norm=MAX_NORM, results_dir="/tmp/pflower-robustness", **kw)
+    strategy = build_strategy(load_settings(cfg))
+    from pflower.client_app import app
+
+    grid = InProcessGrid(app, cfg, N)
+    strategy.discover(grid, timeout=5)
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    replies = grid.send_and_receive(msgs)
+    return strategy, msgs, [(r.metadata.src_node_id, r.content) for r in replies]
+
+
+def _reply(msg: Message, content: RecordDict | None, error: bool = False) -> Message:
+    if error:
+        return Message(Error(code=0, reason="boom"), reply_to=msg)
+    return Message(content, reply_to=msg)
+
+
+def _corrupt(kind: str, content: RecordDict) -> RecordDict:
+    content = copy.deepcopy(content)
+    metrics = dict(content["metrics"])
+    arrays = from_record(content["arrays"]) if "arrays" in content else {}
+    if kind in ARRAY_CORRUPTIONS and not arrays:
+        kind = "nan-metric"  # Local uploads no arrays: corrupt what it does send
+    key = next(iter(arrays), None)
+    if kind == "missing-array":
+        del arrays[key]
+    elif kind == "extra-array":
+        arrays["intruder"] = torch.zeros(3)
+    elif kind == "shape":
+        arrays[key] = arrays[key].reshape(-1)[:-1].clone()
+    elif kind == "dtype":
+        arrays[key] = arrays[key].double()
+    elif kind in ("nan", "inf"):
+        arrays[key].view(-1)[0] = float("nan") if kind == "nan" else float("inf")
+    elif kind == "huge-update":
+        arrays[key] = arrays[key] + 1e6
+    elif kind == "nan-metric":
+        metrics["train-loss"] = float("nan")
+    elif kind == "zero-examples":
+        metrics["num-examples"] = 0
+    elif kind == "float-examples":
+        metrics["num-examples"] = 12.5
+    elif kind == "inflated-examples":
+        metrics["num-examples"] = metrics["num-examples"] * 100
+    elif kind == "wrong-client-id":
+        metrics["client-id"] = metrics["client-id"] + 1000
+    out = RecordDict({"arrays": to_record(arrays), "metrics": MetricRecord(metrics)})
+    if kind == "two-records":
+        out["more"] = to_record(arrays)
+    return out
+
+
+def _state(strategy) -> dict:
+    return {k: v for k, v in strategy.state_dict().items()}
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), k
+        elif isinstance(x, dict) and x and isinstance(next(iter(x.values())), torch.Tensor):
+            assert all(torch.equal(x[i], y[i]) for i in x), k
+        else:
+            assert x == y, k
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=st.lists(st.sampled_from([None, *sorted(CORRUPTIONS)]), min_size=N, max_size=N), unknown=st.booleans())
+def test_corrupt_replies_never_change_the_aggregate(name, plan, unknown):
+    """Mix genuine and corrupt replies: same server state as the genuine ones alone, every corrupt one counted."""
+    base, msgs, genuine = _round_one(name)
+    by_node = {m.metadata.dst_node_id: m for m in msgs}
+    mixed, valid, expected = [], [], {}
+    for (node, content), kind in zip(genuine, plan):
+        msg = by_node[node]
+        if kind is None:
+            mixed.append(_reply(msg, copy.deepcopy(content)))
+            valid.append(_reply(msg, copy.deepcopy(content)))
+            continue
+        reason = CORRUPTIONS[kind]
+        if kind in ARRAY_CORRUPTIONS and not len(content["arrays"]):
+            reason = "non-finite"
+        mixed.append(_reply(msg, _corrupt(kind, content), error=kind == "error"))
+        expected[reason] = expected.get(reason, 0) + 1
+    if unknown:  # a reply from a node that is not a known client
+        stranger = _reply(msgs[0], copy.deepcopy(genuine[0][1]))
+        stranger.metadata.__dict__["_src_node_id"] = 999
+        mixed.append(stranger)
+        expected["unknown-node"] = expected.get("unknown-node", 0) + 1
+
+    corrupted, clean = copy.deepcopy(base), copy.deepcopy(base)
+    corrupted.rejected.clear()
+    corrupted.aggregate_train(1, mixed)
+    clean.rejected.clear()
+    clean.aggregate_train(1, valid)
+    assert dict(corrupted.rejected) == expected
+    assert dict(clean.rejected) == {}
+    _assert_same_state(_state(corrupted), _state(clean))
+
+
+@pytest.mark.parametrize("aggregation,flower_fn", [("median", "aggregate_median"), ("trimmed-mean", "aggregate_trimmed_avg")])
+def test_robust_aggregation_matches_flower(aggregation, flower_fn):
+    from flwr.server.strategy import aggregate as flwr_aggregate
+
+    from pflower.strategies.fedavg import robust_average
+
+    rows = torch.randn(7, 11, dtype=torch.float64)
+    got = robust_average(rows, aggregation, trim_fraction=0.2)
+    fn = getattr(flwr_aggregate, flower_fn)
+    args = ([([r.numpy()], 1) for r in rows],) + ((0.2,) if aggregation == "trimmed-mean" else ())
+    assert np.allclose(got.numpy(), fn(*args)[0])
+
+
+def test_median_ignores_one_wild_client():
+    rows = torch.tensor([[1.0, 2.0], [1.1, 2.1], [0.9, 1.9], [1e9, -1e9], [1.0, 2.0]])
+    from pflower.strategies.fedavg import robust_average
+
+    assert torch.allclose(robust_average(rows, "median", 0.2), torch.tensor([1.0, 2.0]))
+    assert torch.allclose(robust_average(rows, "trimmed-mean", 0.2), torch.tensor([1.0, 2.0]))
+
+
+def test_robust_aggregation_is_only_for_averaging_methods():
+    with pytest.raises(ConfigError, match="run config key 'aggregation' = 'median' is not allowed: only for"):
+        load_settings(run_config(method="pfedla", aggregation="median"))
