@@ -16,6 +16,10 @@ Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfe
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
+Aggregation = Literal["mean", "median", "trimmed-mean"]
+
+#: Methods whose server averages the uploaded arrays (where ``aggregation`` applies).
+AVERAGING_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn")
 
 #: Image shape (channels, height, width) and number of classes of each data source
 #: (EMNIST: the 'balanced' split). The server builds its model from these without data.
@@ -73,6 +77,11 @@ class Settings(BaseModel):
     resume_from: str = ""
     state_dir: str = ""
     round_timeout: float = Field(600.0, gt=0)
+    min_replies: int = Field(1, ge=1)
+    max_update_norm: float = Field(0.0, ge=0)
+    max_examples_factor: float = Field(2.0, ge=1)
+    aggregation: Aggregation = "mean"
+    trim_fraction: float = Field(0.2, ge=0, lt=0.5)
     client_threads: int = Field(1, ge=1)
     proximal_mu: float = Field(0.01, ge=0)
     fedrep_body_epochs: int = Field(1, ge=1)
@@ -132,6 +141,8 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
     if s.partition == "label-groups" and s.label_groups > c:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
+    if s.aggregation != "mean" and s.method not in AVERAGING_METHODS:
+        problems.append(("aggregation", s.aggregation, f"only for the averaging methods {', '.join(AVERAGING_METHODS)}"))
     return problems
 
 

@@ -83,6 +83,19 @@ class InProcessGrid(Grid):
         return replies
 
 
+def faulty_app(directory: Path, fault: str, partition: int = 0) -> Path:
+    """A copy of this Flower app whose ClientApp is ``tests/faulty_client.py`` with ``fault``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    source = (ROOT / "tests" / "faulty_client.py").read_text()
+    source = source.replace('FAULT = "nan"', f"FAULT = {fault!r}").replace("FAULTY_PARTITION = 0", f"FAULTY_PARTITION = {partition}")
+    (directory / "faulty_client.py").write_text(source)
+    project = (ROOT / "pyproject.toml").read_text()
+    project = project.replace('clientapp = "pflower.client_app:app"', 'clientapp = "faulty_client:app"')
+    project = project.replace('fab-include = ["pflower/**/*.py"]', 'fab-include = ["faulty_client.py"]')
+    (directory / "pyproject.toml").write_text(project)
+    return directory
+
+
 @pytest.fixture
 def grid_factory():
     from pflower.client_app import app

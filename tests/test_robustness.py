@@ -105,10 +105,6 @@ def _corrupt(kind: str, content: RecordDict) -> RecordDict:
     return out
 
 
-def _state(strategy) -> dict:
-    return {k: v for k, v in strategy.state_dict().items()}
-
-
 def _assert_same_state(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
@@ -153,7 +149,7 @@ def test_corrupt_replies_never_change_the_aggregate(name, plan, unknown):
     clean.aggregate_train(1, valid)
     assert dict(corrupted.rejected) == expected
     assert dict(clean.rejected) == {}
-    _assert_same_state(_state(corrupted), _state(clean))
+    _assert_same_state(corrupted.state_dict(), clean.state_dict())
 
 
 @pytest.mark.parametrize("aggregation,flower_fn", [("median", "aggregate_median"), ("trimmed-mean", "aggregate_trimmed_avg")])
@@ -174,9 +170,32 @@ def test_median_ignores_one_wild_client():
     from pflower.strategies.fedavg import robust_average
 
     assert torch.allclose(robust_average(rows, "median", 0.2), torch.tensor([1.0, 2.0]))
-    assert torch.allclose(robust_average(rows, "trimmed-mean", 0.2), torch.tensor([1.0, 2.0]))
+    # 20% of 5 rows: the lowest and highest value of each coordinate are cut, the wild one among them.
+    assert torch.allclose(robust_average(rows, "trimmed-mean", 0.2), torch.tensor([3.1 / 3, 5.9 / 3]))
 
 
 def test_robust_aggregation_is_only_for_averaging_methods():
     with pytest.raises(ConfigError, match="run config key 'aggregation' = 'median' is not allowed: only for"):
         load_settings(run_config(method="pfedla", aggregation="median"))
+
+
+def test_too_few_valid_replies_stop_the_run_with_the_reasons(tmp_path, grid_factory):
+    from pflower.strategies.base import RoundFailedError
+
+    def strip(cid, reply):
+        if cid == 0 and not reply.has_error() and "arrays" in reply.content:
+            reply.content["arrays"] = ArrayRecord()
+        return reply
+
+    cfg = run_config(method="fedavg", local_epochs=1, min_replies=3, results_dir=str(tmp_path))
+    with pytest.raises(RoundFailedError, match=r"round 1: 2 valid training replies of 3 sampled clients, fewer than min-replies=3: client 0: missing arrays"):
+        build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3, tamper=strip))
+
+
+def test_a_client_that_cannot_start_stops_discovery_at_once(tmp_path, grid_factory):
+    from pflower.strategies.base import NoClientsError
+
+    server_cfg = run_config(results_dir=str(tmp_path), round_timeout=600.0)
+    grid = grid_factory(run_config(lr=-1.0), 2)  # every client gets a config it rejects
+    with pytest.raises(NoClientsError, match=r"no client could start \(2 of 2 nodes .*run config key 'lr' = -1.0 is not allowed"):
+        build_strategy(load_settings(server_cfg)).discover(grid, timeout=600)

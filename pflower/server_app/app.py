@@ -12,21 +12,25 @@ from flwr.serverapp import Grid, ServerApp
 from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy
+from pflower.strategies.base import NoClientsError, RoundFailedError
+
+#: Failures whose message says everything: logged as one ERROR line, without a traceback.
+CLEAR_FAILURES = (ConfigError, RoundFailedError, NoClientsError)
 
 app = ServerApp()
 
 
-class _ConfigErrorWithoutTraceback(logging.Filter):
+class _ClearFailureWithoutTraceback(logging.Filter):
     """Flower logs a failing ServerApp with its traceback; a bad run config needs only its message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], ConfigError):
+        if record.exc_info and isinstance(record.exc_info[1], CLEAR_FAILURES):
             record.exc_info = None
             record.exc_text = None
         return True
 
 
-logging.getLogger("flwr").addFilter(_ConfigErrorWithoutTraceback())
+logging.getLogger("flwr").addFilter(_ClearFailureWithoutTraceback())
 
 
 @app.main()
@@ -36,6 +40,6 @@ def main(grid: Grid, context: Context) -> None:
         strategy = build_strategy(settings)
         checkpoint = load_checkpoint(settings) if settings.resume_from else None
         strategy.start(grid=grid, checkpoint=checkpoint)
-    except ConfigError as err:  # bad keys, values the model cannot take (top-k), an unusable resume-from
+    except CLEAR_FAILURES as err:  # bad keys or resume-from, too few valid replies, no clients
         log(ERROR, "%s", err)
         raise

@@ -3,8 +3,9 @@
 - Client identity: a ``query`` round maps Flower node ids (random per run) to the stable
   client ids the clients report (their ``partition-id``).
 - Sampling: ``fraction-train`` of the clients, drawn from (seed, round) alone.
-- Validation: every reply goes through :func:`check_reply` before a subclass sees it; rejected
-  replies are logged and counted per reason.
+- Validation: every reply goes through :func:`check_reply` (plus the update-norm and
+  num-examples bounds) before a subclass sees it; rejected replies are logged and counted per
+  reason, and a round with fewer than ``min-replies`` valid training replies stops the run.
 - Bytes: the array payload of every message sent and received is measured.
 - The round loop (:meth:`start`): train, aggregate, evaluate every client, record, checkpoint.
 
@@ -38,6 +39,10 @@ class NoClientsError(RuntimeError):
     """No client answered the identity query in time."""
 
 
+class RoundFailedError(RuntimeError):
+    """A round got fewer valid training replies than ``min-replies``; the message says why."""
+
+
 class PflStrategy(Strategy):
     """Shared machinery; see the module docstring."""
 
@@ -46,9 +51,11 @@ class PflStrategy(Strategy):
         self.upload_spec = {k: ArraySpec.of(template[k]) for k in upload_keys}
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.client_of: dict[int, int] = {}  # node id -> client id
-        self.num_examples: dict[int, int] = {}
+        self.num_examples: dict[int, int] = {}  # training examples each client reported when it joined
+        self.test_examples: dict[int, int] = {}  # test examples of its first evaluation reply
         self.num_clients = 0
         self.rejected: Counter[str] = Counter()
+        self.problems: list[str] = []  # this round's rejections, "client 3: reason"
         self.last_accuracy: dict[int, float] = {}
 
     # ----------------------------------------------------------------- hooks
@@ -68,17 +75,22 @@ class PflStrategy(Strategy):
         """The current global model, if the method has one."""
         return ArrayRecord()
 
+    def update_reference(self, client_id: int) -> Mapping[str, torch.Tensor] | None:
+        """What ``client_id`` started training from this round (for ``max-update-norm``); None: no bound."""
+        return None
+
     def round_extras(self) -> dict:
         """Method-specific entries for this round's row of metrics.json."""
         return {}
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs (tensors, numbers, strings; loadable with weights_only)."""
-        return {"num-clients": self.num_clients, "num-examples": dict(self.num_examples)}
+        return {"num-clients": self.num_clients, "num-examples": dict(self.num_examples), "test-examples": dict(self.test_examples)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` after :meth:`discover` found the clients again."""
         self.num_examples.update(state["num-examples"])
+        self.test_examples.update(state["test-examples"])
 
     @classmethod
     def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PflStrategy":
@@ -86,16 +98,29 @@ class PflStrategy(Strategy):
 
     # --------------------------------------------------------- client identity
     def discover(self, grid: Grid, timeout: float) -> None:
-        """Ask every new node for its client id until all clients are known or time runs out."""
+        """Ask every new node for its client id until all clients are known or time runs out.
+
+        Nodes that answer with an error (a ClientApp that cannot start, e.g. unreadable data) are
+        asked again; if every node has answered and none could start, the run stops at once
+        with their reasons instead of waiting out the timeout.
+        """
         deadline = time.monotonic() + timeout
+        failed: dict[int, str] = {}
         while True:
-            new = [n for n in grid.get_node_ids() if n not in self.client_of]
+            nodes = list(grid.get_node_ids())
+            new = [n for n in nodes if n not in self.client_of]
             if new:
                 msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
                 for reply in grid.send_and_receive(msgs, timeout=timeout):
-                    self._register(reply)
+                    if (why := self._register(reply)) is None:
+                        failed.pop(reply.metadata.src_node_id, None)
+                    else:
+                        failed[reply.metadata.src_node_id] = why
             if self.num_clients and len(self.node_of) >= self.num_clients:
                 break
+            if nodes and not self.node_of and set(nodes) <= set(failed):
+                reasons = "; ".join(f"node {n}: {why}" for n, why in sorted(failed.items())[:3])
+                raise NoClientsError(f"no client could start ({len(failed)} of {len(nodes)} nodes answered with an error): {reasons}")
             if time.monotonic() > deadline:
                 if not self.node_of:
                     raise NoClientsError(f"no client answered the identity query within {timeout:.0f} s")
@@ -106,20 +131,22 @@ class PflStrategy(Strategy):
         shown = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 3 else str(ids)
         log(INFO, "Clients: %d (ids %s)", len(ids), shown)
 
-    def _register(self, reply: Message) -> None:
+    def _register(self, reply: Message) -> str | None:
+        """Record a node's identity; returns why it could not be registered, or None."""
         node = reply.metadata.src_node_id
         try:
             r = check_reply(reply, None, None)
             n_clients = int(r.metrics["num-clients"])
         except (Rejected, KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %s did not identify itself: %s", node, err)
-            return
+            return str(err)
         if r.client_id in self.node_of and self.node_of[r.client_id] != node:
             self.client_of.pop(self.node_of[r.client_id], None)
         self.node_of[r.client_id] = node
         self.client_of[node] = r.client_id
         self.num_examples[r.client_id] = r.num_examples
         self.num_clients = max(self.num_clients, n_clients)
+        return None
 
     def sample(self, server_round: int) -> list[int]:
         """``fraction-train`` of the known clients; depends only on (seed, round)."""
@@ -131,8 +158,22 @@ class PflStrategy(Strategy):
         return sorted(rng.choice(ids, size=k, replace=False).tolist())
 
     # ------------------------------------------------------------- validation
-    def accept(self, replies: Iterable[Message], spec: Mapping[str, ArraySpec] | None) -> list[Reply]:
-        """The valid replies; every other one is logged and counted under its reason."""
+    def _check_bounds(self, reply: Reply, kind: str, spec: Mapping[str, ArraySpec] | None) -> None:
+        """``num-examples`` against what the client reported before; the update norm."""
+        s = self.settings
+        before = (self.num_examples if kind == MessageType.TRAIN else self.test_examples).get(reply.client_id)
+        if before is not None and reply.num_examples > s.max_examples_factor * before:
+            raise Rejected(
+                "num-examples",
+                f"num-examples {reply.num_examples} exceeds max-examples-factor={s.max_examples_factor:g} x the {before} it reported before",
+            )
+        if spec and s.max_update_norm > 0 and (ref := self.update_reference(reply.client_id)) is not None:
+            norm = sum(float((reply.arrays[k].double() - t.double()).square().sum()) for k, t in ref.items()) ** 0.5
+            if norm > s.max_update_norm:
+                raise Rejected("update-norm", f"update norm {norm:.4g} exceeds max-update-norm={s.max_update_norm:g}")
+
+    def accept(self, replies: Iterable[Message], spec: Mapping[str, ArraySpec] | None, kind: str = MessageType.TRAIN) -> list[Reply]:
+        """The valid replies of one phase (``kind``); every other one is logged and counted under its reason."""
         valid: dict[int, Reply] = {}
         for msg in replies:
             expected = self.client_of.get(msg.metadata.src_node_id)
@@ -142,11 +183,15 @@ class PflStrategy(Strategy):
                 reply = check_reply(msg, expected, spec)
                 if reply.client_id in valid:
                     raise Rejected("duplicate", "second reply in one phase")
+                self._check_bounds(reply, kind, spec)
             except Rejected as err:
                 self.rejected[err.reason] += 1
+                self.problems.append(f"client {expected}: {err}")
                 log(WARNING, "Rejected a reply of client %s: %s", expected, err)
                 continue
             valid[reply.client_id] = reply
+            if kind == MessageType.EVALUATE:
+                self.test_examples.setdefault(reply.client_id, reply.num_examples)
             if spec is not None:  # decoded: drop the wire bytes, so a round holds one copy of each update
                 for name in list(msg.content.array_records):
                     del msg.content[name]
@@ -178,7 +223,7 @@ class PflStrategy(Strategy):
         return self._messages(sorted(self.node_of), MessageType.EVALUATE, self.evaluate_arrays, server_round, config)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        valid = self.accept(replies, None)
+        valid = self.accept(replies, None, MessageType.EVALUATE)
         if not valid:
             return None
         acc = np.array([float(r.metrics["accuracy"]) for r in valid])
@@ -191,6 +236,14 @@ class PflStrategy(Strategy):
                 "weighted-accuracy": float((acc * n).sum() / n.sum()),
                 "loss": float((loss * n).sum() / n.sum()),
             }
+        )
+
+    def _failure(self, rnd: int, sampled: int, n_valid: int, silent: list[int]) -> str:
+        why = [*self.problems, *(f"client {c}: no reply within round-timeout={self.settings.round_timeout:g} s" for c in silent)]
+        shown = "; ".join(why[:5]) + (f"; and {len(why) - 5} more" if len(why) > 5 else "")
+        return (
+            f"round {rnd}: {n_valid} valid training replies of {sampled} sampled clients, fewer than "
+            f"min-replies={self.settings.min_replies}: {shown or 'no replies'}"
         )
 
     def summary(self) -> None:
@@ -246,12 +299,15 @@ class PflStrategy(Strategy):
         for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
             self.rejected.clear()
+            self.problems.clear()
             config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(train_config) if train_config else {})})
             msgs = self.configure_train(rnd, self.global_arrays(), config, grid)
             sampled = len(msgs)
             replies, down, up, silent = self._phase(grid, msgs)
             del msgs  # sent: free them before aggregation
             arrays, train_metrics = self.aggregate_train(rnd, replies)
+            if train_metrics["replies"] < s.min_replies:
+                raise RoundFailedError(self._failure(rnd, sampled, int(train_metrics["replies"]), silent))
             result.train_metrics_clientapp[rnd] = train_metrics
             result.arrays = arrays or result.arrays
 

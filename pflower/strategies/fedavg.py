@@ -1,7 +1,9 @@
 """FedAvg over the keys a method uploads (FedAvg, FedProx, FedPer, FedRep, FedBN).
 
 Personalized baselines differ only on the client: what they keep local never reaches the
-server, so the server averages exactly the uploaded keys.
+server, so the server averages exactly the uploaded keys. ``aggregation`` picks the average:
+the sample-weighted mean, or (robust to a few wild clients, unweighted like Flower's
+FedMedian and FedTrimmedAvg) the coordinate-wise median or trimmed mean.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from flwr.app import ArrayRecord
+
+from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
 from pflower.config import Settings
 from pflower.records import FlatSpec, to_record
@@ -21,6 +25,14 @@ def weighted_average(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     """Rows of ``stacked`` [clients, params] averaged with ``weights`` [clients]."""
     w = weights.to(stacked.dtype)
     return (w / w.sum()) @ stacked
+
+
+def robust_average(stacked: torch.Tensor, aggregation: str, trim_fraction: float) -> torch.Tensor:
+    """Coordinate-wise median or trimmed mean of the rows of ``stacked`` (Flower's implementations)."""
+    rows = [([row.numpy()], 1) for row in stacked]
+    if aggregation == "median":
+        return torch.from_numpy(aggregate_median(rows)[0])
+    return torch.from_numpy(aggregate_trimmed_avg(rows, trim_fraction)[0])
 
 
 class FedAvg(PflStrategy):
@@ -50,9 +62,17 @@ class FedAvg(PflStrategy):
         self.global_state = {k: state["global"][k].to(self.dtypes[k]) for k in self.dtypes}
         self._record = to_record(self.global_state)
 
+    def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
+        return self.global_state
+
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        stacked = self.spec.stack(r.arrays for r in replies)
-        weights = torch.tensor([r.num_examples for r in replies], dtype=torch.float64)
-        avg = self.spec.unflatten(weighted_average(stacked.double(), weights))
+        s = self.settings
+        stacked = self.spec.stack(r.arrays for r in replies).double()
+        if s.aggregation == "mean":
+            weights = torch.tensor([r.num_examples for r in replies], dtype=torch.float64)
+            flat = weighted_average(stacked, weights)
+        else:
+            flat = robust_average(stacked, s.aggregation, s.trim_fraction)
+        avg = self.spec.unflatten(flat)
         self.global_state = {k: v.to(self.dtypes[k]) for k, v in avg.items()}
         self._record = to_record(self.global_state)

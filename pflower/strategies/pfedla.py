@@ -85,6 +85,14 @@ class PFedLA(PflStrategy):
     def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
         return self._outgoing.pop(client_id)
 
+    def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
+        """What the client trained from: bar_theta_i, with its retained layers its own model."""
+        with torch.no_grad():
+            alpha = self.hn.alpha(torch.tensor([client_id]))
+            state = self.spec.unflatten(mix(alpha, self.theta, self.segments)[0])
+        own = self.spec.unflatten(self.theta[client_id])
+        return {k: own[k] if k in self.retained(alpha[0], client_id) else v for k, v in state.items()}
+
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Hypernetwork steps against the round's snapshot, then the new client models."""
         for part in _chunks(replies):

@@ -1,0 +1,48 @@
+"""A ClientApp for fault tests: pflower's own, except that one client misbehaves in training.
+
+Tests copy this file into a temporary Flower app (see ``conftest.faulty_app``) with ``FAULT``
+set. The faulty client is the one whose node config has ``fault`` (deployment), or partition
+``FAULTY_PARTITION`` (simulation, where node configs are fixed).
+"""
+
+import torch
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from pflower.client_app import app as pflower_app
+from pflower.records import from_record, to_record
+
+FAULT = "nan"  # nan | drop | wrong-shape
+FAULTY_PARTITION = 0
+
+app = ClientApp()
+
+
+def _fault(context: Context) -> str:
+    if "fault" in context.node_config:
+        return str(context.node_config["fault"])
+    return FAULT if int(context.node_config["partition-id"]) == FAULTY_PARTITION else ""
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return pflower_app(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return pflower_app(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    reply = pflower_app(msg, context)
+    fault = _fault(context)
+    if fault == "drop":
+        raise RuntimeError("this client drops its update")
+    if fault in ("nan", "wrong-shape"):
+        arrays = from_record(reply.content["arrays"])
+        for k, v in arrays.items():
+            arrays[k] = torch.full_like(v, float("nan")) if fault == "nan" else v.reshape(-1)[:-1].clone()
+        reply.content["arrays"] = to_record(arrays)
+    return reply
