@@ -80,7 +80,7 @@ def simulation_superlink(flwr_home: Path) -> Iterator[int]:
     cmd = [
         _bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
         "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
-        "--fleet-api-address", f"127.0.0.1:{_free_port()}",
+        "--fleet-api-address", f"127.0.0.1:{_free_port()}", "--control-api-address", f"127.0.0.1:{_free_port()}",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, env=flower_env(flwr_home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -105,10 +105,10 @@ def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
     return f"num-supernodes={num_clients} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
 
 
-def run_status(flwr_home: Path, app: Path, run_id: int) -> str:
+def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNECTION) -> str:
     """Final status of a run, as the SuperLink reports it (e.g. ``finished:completed``)."""
     out = subprocess.run(
-        [_bin("flwr"), "list", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+        [_bin("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
         env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
     )  # fmt: skip
     try:
@@ -118,12 +118,16 @@ def run_status(flwr_home: Path, app: Path, run_id: int) -> str:
 
 
 def submit(
-    app: Path, flwr_home: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0,
-    echo: bool = True,
+    app: Path, flwr_home: Path, run_config: str = "", num_clients: int | None = 10, cpus: int = 1, gpus: float = 0.0,
+    echo: bool = True, connection: str = CONNECTION,
 ) -> tuple[int, str, str]:
-    """Submit one run to the running SuperLink and stream it to the end: (run id, status, log)."""
-    cmd = [_bin("flwr"), "run", str(app), CONNECTION, "--stream",
-           "--federation-config", federation_config(num_clients, cpus, gpus)]  # fmt: skip
+    """Submit one run to the running SuperLink and stream it to the end: (run id, status, log).
+
+    ``num_clients`` sets the simulated federation; None for a deployment (real SuperNodes).
+    """
+    cmd = [_bin("flwr"), "run", str(app), connection, "--stream"]
+    if num_clients is not None:
+        cmd += ["--federation-config", federation_config(num_clients, cpus, gpus)]
     if run_config:
         cmd += ["--run-config", run_config]
     proc = subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,7 +142,7 @@ def submit(
     if not found:
         raise SystemExit(f"flwr run did not start a run:\n{text}")
     run_id = int(found.group(1))
-    return run_id, run_status(flwr_home, app, run_id), text
+    return run_id, run_status(flwr_home, app, run_id, connection), text
 
 
 def simulate(

@@ -83,6 +83,21 @@ class InProcessGrid(Grid):
         return replies
 
 
+def assert_same_state(a: dict, b: dict) -> None:
+    """Two strategy state dicts are equal: tensors exactly, dicts of tensors entry by entry."""
+    import torch
+
+    assert a.keys() == b.keys()
+    for key, x in a.items():
+        y = b[key]
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), key
+        elif isinstance(x, dict) and x and isinstance(next(iter(x.values())), torch.Tensor):
+            assert x.keys() == y.keys() and all(torch.equal(x[i], y[i]) for i in x), key
+        else:
+            assert x == y, key
+
+
 def faulty_app(directory: Path, fault: str, partition: int = 0) -> Path:
     """A copy of this Flower app whose ClientApp is ``tests/faulty_client.py`` with ``fault``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -94,6 +109,23 @@ def faulty_app(directory: Path, fault: str, partition: int = 0) -> Path:
     project = project.replace('fab-include = ["pflower/**/*.py"]', 'fab-include = ["faulty_client.py"]')
     (directory / "pyproject.toml").write_text(project)
     return directory
+
+
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    """A simulation SuperLink shared by the tests of one module; yields its FLWR_HOME."""
+    from pflower.launcher import simulation_superlink
+
+    home = tmp_path_factory.mktemp("flwr-home")
+    with simulation_superlink(home):
+        yield home
+
+
+def run_on_flower(superlink: Path, config: str, clients: int = 3):
+    """Submit this app with ``config`` to the ``superlink`` fixture: (run id, status, log)."""
+    from pflower.launcher import submit
+
+    return submit(ROOT, superlink, config, num_clients=clients, echo=False)
 
 
 @pytest.fixture

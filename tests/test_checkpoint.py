@@ -6,7 +6,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from conftest import run_config
+from conftest import assert_same_state, run_config
 from pflower.checkpoint import CHECKPOINT, load_checkpoint
 from pflower.client_app.store import KEEP, StateStore
 from pflower.config import ConfigError, load_settings
@@ -39,14 +39,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method
     resumed, doc = _run(grid_factory, tmp_path / "second", 4, resume=str(tmp_path / "first"), **kw)
     assert [r["round"] for r in doc["rounds"]] == [1, 2, 3, 4]
     assert _without_time(doc["rounds"]) == _without_time(full_doc["rounds"])
-    for key, value in full.state_dict().items():
-        other = resumed.state_dict()[key]
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(value, other), key
-        elif isinstance(value, dict) and value and isinstance(next(iter(value.values())), torch.Tensor):
-            assert all(torch.equal(value[k], other[k]) for k in value), key
-        else:
-            assert value == other, key
+    assert_same_state(full.state_dict(), resumed.state_dict())
 
 
 def test_chained_resumption_is_exact(tmp_path, grid_factory):

@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from conftest import InProcessGrid, run_config
+from conftest import InProcessGrid, assert_same_state, run_config
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy
 from pflower.records import from_record, to_record
@@ -105,18 +105,6 @@ def _corrupt(kind: str, content: RecordDict) -> RecordDict:
     return out
 
 
-def _assert_same_state(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, torch.Tensor):
-            assert torch.equal(x, y), k
-        elif isinstance(x, dict) and x and isinstance(next(iter(x.values())), torch.Tensor):
-            assert all(torch.equal(x[i], y[i]) for i in x), k
-        else:
-            assert x == y, k
-
-
 @pytest.mark.parametrize("name", sorted(METHODS))
 @hsettings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=st.lists(st.sampled_from([None, *sorted(CORRUPTIONS)]), min_size=N, max_size=N), unknown=st.booleans())
@@ -149,7 +137,7 @@ def test_corrupt_replies_never_change_the_aggregate(name, plan, unknown):
     clean.aggregate_train(1, valid)
     assert dict(corrupted.rejected) == expected
     assert dict(clean.rejected) == {}
-    _assert_same_state(corrupted.state_dict(), clean.state_dict())
+    assert_same_state(corrupted.state_dict(), clean.state_dict())
 
 
 @pytest.mark.parametrize("aggregation,flower_fn", [("median", "aggregate_median"), ("trimmed-mean", "aggregate_trimmed_avg")])

@@ -1,12 +1,12 @@
 """End to end on real Flower: a SuperLink in simulation mode, Ray, and every method."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, faulty_app
-from pflower.launcher import simulation_superlink, submit
+from conftest import run_on_flower as _run
+
+pytestmark = pytest.mark.xdist_group("simulation")
 
 METHOD_CONFIGS = {
     "fedavg": "",
@@ -18,17 +18,6 @@ METHOD_CONFIGS = {
     "pfedla": "",
     "heurpfedla": "top-k=1",
 }
-
-
-@pytest.fixture(scope="module")
-def superlink(tmp_path_factory):
-    home = tmp_path_factory.mktemp("flwr-home")
-    with simulation_superlink(home):
-        yield home
-
-
-def _run(superlink: Path, config: str, clients: int = 3):
-    return submit(ROOT, superlink, config, num_clients=clients, echo=False)
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
@@ -87,44 +76,3 @@ def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path, config, 
     assert message in log
     assert "Traceback" not in log
     assert not (tmp_path / "metrics.json").exists()
-
-
-def test_resume_on_flower_continues_exactly(superlink, tmp_path):
-    """A second `flwr run` with resume-from (new run, new ClientApp contexts) ends where one run does."""
-    base = "method='heurpfedla' top-k=1 fraction-train=0.67 local-epochs=1"
-    runs = {}
-    for name, rounds, resume in (("full", 3, ""), ("first", 2, ""), ("second", 3, tmp_path / "first")):
-        _, status, log = _run(superlink, f"{base} num-server-rounds={rounds} results-dir='{tmp_path / name}' resume-from='{resume}'")
-        assert status == "finished:completed", log
-        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    assert "Resuming lineage" in log
-    strip = lambda doc: [{k: v for k, v in r.items() if k != "wall-seconds"} for r in doc["rounds"]]  # noqa: E731
-    assert strip(runs["second"]) == strip(runs["full"])
-    assert runs["second"]["lineage"] == runs["first"]["lineage"] != runs["full"]["lineage"]
-
-
-@pytest.mark.parametrize("method", ["fedavg", "pfedla"])
-def test_a_client_sending_nan_every_round_changes_nothing(superlink, tmp_path, method):
-    """One of 5 clients sends NaN updates: the run ends as if that client's updates were dropped."""
-    final = {}
-    for fault, reason in (("nan", "non-finite"), ("drop", "client-error")):
-        app = faulty_app(tmp_path / f"app-{fault}", fault)
-        results = tmp_path / fault
-        config = f"method='{method}' num-server-rounds=3 local-epochs=2 results-dir='{results}'"
-        _, status, log = submit(app, superlink, config, num_clients=5, echo=False)
-        assert status == "finished:completed", log
-        doc = json.loads((results / "metrics.json").read_text())
-        assert [r["rejected"] for r in doc["rounds"]] == [{reason: 1}] * 3
-        final[fault] = doc["final"]["accuracy"]
-    assert abs(final["nan"] - final["drop"]) <= 0.01
-    assert final["nan"] > 0.3  # learned despite the NaN client (3 short rounds on digits)
-
-
-def test_unreadable_data_stops_the_run_naming_the_file(superlink, tmp_path):
-    data = tmp_path / "mnist"
-    data.mkdir()
-    (data / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x00" * 100)
-    (data / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01" + (10).to_bytes(4, "big") + b"\x01" * 10)
-    _, status, log = _run(superlink, f"dataset='mnist' data-dir='{data}' results-dir='{tmp_path / 'out'}'")
-    assert status == "finished:failed"
-    assert "no client could start" in log and "t10k-images-idx3-ubyte is truncated or corrupt" in log

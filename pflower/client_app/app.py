@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from logging import INFO
 from pathlib import Path
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
@@ -63,6 +65,8 @@ class Runtime:
             saved = self.store(context).load(lineage, rnd)
             for name, record in (saved or {}).items():
                 context.state[name] = record
+            if saved is not None:
+                log(INFO, "Client %d restored its saved personal state (lineage %s, before round %d)", self.client_id, lineage, rnd)
         state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial
         self.model.load_state_dict(state)
         return self.model

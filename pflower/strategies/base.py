@@ -24,6 +24,7 @@ from logging import INFO, WARNING
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -33,6 +34,10 @@ from pflower.config import ConfigError, Settings
 from pflower.records import payload_bytes
 from pflower.results import Recorder
 from pflower.strategies.validation import ArraySpec, Rejected, Reply, check_reply
+
+
+#: Error codes with which Flower answers for a node that is gone: the client is missing, not faulty.
+UNAVAILABLE = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
 
 
 class NoClientsError(RuntimeError):
@@ -107,15 +112,7 @@ class PflStrategy(Strategy):
         deadline = time.monotonic() + timeout
         failed: dict[int, str] = {}
         while True:
-            nodes = list(grid.get_node_ids())
-            new = [n for n in nodes if n not in self.client_of]
-            if new:
-                msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-                for reply in grid.send_and_receive(msgs, timeout=timeout):
-                    if (why := self._register(reply)) is None:
-                        failed.pop(reply.metadata.src_node_id, None)
-                    else:
-                        failed[reply.metadata.src_node_id] = why
+            nodes = self.query_new_nodes(grid, timeout, failed)
             if self.num_clients and len(self.node_of) >= self.num_clients:
                 break
             if nodes and not self.node_of and set(nodes) <= set(failed):
@@ -131,6 +128,23 @@ class PflStrategy(Strategy):
         shown = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 3 else str(ids)
         log(INFO, "Clients: %d (ids %s)", len(ids), shown)
 
+    def query_new_nodes(self, grid: Grid, timeout: float, failed: dict[int, str] | None = None) -> list[int]:
+        """Ask nodes not yet known (new, or a restarted SuperNode under a new node id) who they are.
+
+        Returns the current node ids; ``failed`` collects the nodes that answered with an error.
+        """
+        failed = {} if failed is None else failed
+        nodes = list(grid.get_node_ids())
+        new = [n for n in nodes if n not in self.client_of]
+        if new:
+            msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+            for reply in grid.send_and_receive(msgs, timeout=timeout):
+                if (why := self._register(reply)) is None:
+                    failed.pop(reply.metadata.src_node_id, None)
+                else:
+                    failed[reply.metadata.src_node_id] = why
+        return nodes
+
     def _register(self, reply: Message) -> str | None:
         """Record a node's identity; returns why it could not be registered, or None."""
         node = reply.metadata.src_node_id
@@ -141,6 +155,7 @@ class PflStrategy(Strategy):
             log(WARNING, "Node %s did not identify itself: %s", node, err)
             return str(err)
         if r.client_id in self.node_of and self.node_of[r.client_id] != node:
+            log(INFO, "Client %d is back as node %s", r.client_id, node)
             self.client_of.pop(self.node_of[r.client_id], None)
         self.node_of[r.client_id] = node
         self.client_of[node] = r.client_id
@@ -254,13 +269,18 @@ class PflStrategy(Strategy):
 
     # --------------------------------------------------------------- the loop
     def _phase(self, grid: Grid, messages: list[Message]) -> tuple[list[Message], int, int, list[int]]:
-        """Send, wait up to ``round-timeout``; (replies, bytes down, bytes up, silent clients)."""
+        """Send, wait up to ``round-timeout``; (replies, bytes down, bytes up, missing clients).
+
+        A client is missing when no reply came in time or Flower answered for it that its node
+        is unavailable (a SuperNode that died); such replies are not passed on.
+        """
         down = sum(payload_bytes(m.content) for m in messages)
         replies = list(grid.send_and_receive(messages, timeout=self.settings.round_timeout))
+        replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
         up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
         answered = {r.metadata.src_node_id for r in replies}
-        silent = sorted(self.client_of[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered)
-        return replies, down, up, silent
+        missing = sorted(self.client_of[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered)
+        return replies, down, up, missing
 
     def start(
         self,
@@ -298,6 +318,8 @@ class PflStrategy(Strategy):
         run_config = s.to_run_config()
         for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
+            if rnd > first:  # a SuperNode that restarted comes back under a new node id
+                self.query_new_nodes(grid, timeout)
             self.rejected.clear()
             self.problems.clear()
             config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(train_config) if train_config else {})})
@@ -311,6 +333,7 @@ class PflStrategy(Strategy):
             result.train_metrics_clientapp[rnd] = train_metrics
             result.arrays = arrays or result.arrays
 
+            self.query_new_nodes(grid, timeout)  # e.g. a client that died in training and is back
             eval_config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(evaluate_config) if evaluate_config else {})})
             msgs = self.configure_evaluate(rnd, self.global_arrays(), eval_config, grid)
             eval_replies, e_down, e_up, e_silent = self._phase(grid, msgs)

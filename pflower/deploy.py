@@ -1,0 +1,390 @@
+"""Real Flower deployments without docker: one SuperLink and N SuperNodes as processes.
+
+On loopback, or (``--netns``, as root) every process in its own network namespace, joined by
+veth pairs to a bridge: one host per process, as on separate machines. TLS with a generated
+CA and SuperNode authentication with one key pair per node are the default; ``--insecure``
+must be asked for and prints a warning. Each SuperNode gets its client id and a personal
+``state-dir`` through ``--node-config``; the SuperLink keeps its state in a database file.
+
+    pflower-deploy up --nodes 3 --dir deploy            # TLS + authentication, loopback
+    pflower-deploy up --nodes 3 --dir deploy --netns    # each process in its own namespace
+    FLWR_HOME=deploy/flwr-home flwr run . pflower-deploy --stream -c "num-server-rounds=5"
+    pflower-deploy down --dir deploy
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from pflower.launcher import _bin, flower_env, stop, submit
+
+CONNECTION = "pflower-deploy"
+#: The SuperLink's ports in a namespace of its own (Flower's defaults): SuperNodes dial the Fleet
+#: API, the ``flwr`` CLI and the executors the HTTP API; the gRPC Control API is bound too.
+NETNS_PORTS = {"fleet": 9092, "api": 8000, "control": 9093}
+STATE_FILE = "deployment.json"
+
+
+# ------------------------------------------------------------------ certificates and keys
+def make_pki(out: Path, hosts: list[str], nodes: int) -> None:
+    """A CA, a SuperLink certificate valid for ``hosts`` (IPs or names), one EC key pair per node.
+
+    Files: ``ca.crt``, ``server.pem``, ``server.key``, ``keys/node<i>`` and ``keys/node<i>.pub``
+    (OpenSSH format, what ``flower-supernode`` and ``flwr supernode register`` read).
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    out.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(timezone.utc)
+
+    def cert(subject: str, key, issuer: str, signer, extensions) -> x509.Certificate:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=365))
+        )
+        for ext, critical in extensions:
+            b = b.add_extension(ext, critical=critical)
+        return b.sign(signer, hashes.SHA256())
+
+    def pem_key(key) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca = cert("pflower CA", ca_key, "pflower CA", ca_key, [(x509.BasicConstraints(ca=True, path_length=None), True)])
+    server_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    names = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    server = cert(
+        hosts[0], server_key, "pflower CA", ca_key,
+        [(x509.SubjectAlternativeName(names), False), (x509.BasicConstraints(ca=False, path_length=None), True),
+         (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)],
+    )  # fmt: skip
+    (out / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (out / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    (out / "server.key").write_bytes(pem_key(server_key))
+    (out / "server.key").chmod(0o600)
+    keys = out / "keys"
+    keys.mkdir(exist_ok=True)
+    for i in range(nodes):
+        node_key(keys / f"node{i}")
+
+
+def node_key(path: Path) -> None:
+    """One SuperNode key pair: ``path`` (private) and ``path.pub``, OpenSSH format, P-384."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    path.chmod(0o600)
+    path.with_suffix(".pub").write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
+
+
+# --------------------------------------------------------------------- network namespaces
+@dataclass
+class Network:
+    """Namespaces ``<tag>-<name>`` joined by veth pairs to one bridge in the root namespace."""
+
+    tag: str
+    names: list[str]
+    subnet: str = "10.77.0"
+    created: list[str] = field(default_factory=list)
+
+    def ns(self, name: str) -> str:
+        return f"{self.tag}-{name}"
+
+    def address(self, name: str) -> str:
+        return f"{self.subnet}.{self.names.index(name) + 1}"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.tag}br"
+
+    def _ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    def up(self) -> None:
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self.created.append("bridge")
+            self._ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for i, name in enumerate(self.names):
+                ns, outer, inner = self.ns(name), f"{self.tag}v{i}", f"{self.tag}p{i}"
+                self._ip("netns", "add", ns)
+                self.created.append(ns)
+                self._ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+                self._ip("link", "set", inner, "netns", ns)
+                self._ip("link", "set", outer, "master", self.bridge, "up")
+                self._ip("-n", ns, "addr", "add", f"{self.address(name)}/24", "dev", inner)
+                self._ip("-n", ns, "link", "set", inner, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+        except subprocess.CalledProcessError as err:
+            self.down()
+            raise SystemExit(f"could not create network namespaces ({' '.join(err.cmd)}): {err.stderr.strip()}") from None
+
+    def down(self) -> None:
+        for item in reversed(self.created):
+            cmd = ["link", "del", self.bridge] if item == "bridge" else ["netns", "del", item]
+            subprocess.run(["ip", *cmd], capture_output=True, check=False)
+        self.created.clear()
+
+    def prefix(self, name: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ns(name)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------- the deployment
+class Deployment:
+    """A SuperLink and ``nodes`` SuperNodes; use as a context manager or call start()/stop()."""
+
+    def __init__(self, workdir: Path, nodes: int = 3, tls: bool = True, auth: bool = True, netns: bool = False,
+                 node_config: dict[int, str] | None = None):  # fmt: skip
+        if auth and not tls:
+            raise ValueError("SuperNode authentication needs TLS")
+        self.dir = workdir.resolve()
+        self.nodes, self.tls, self.auth = nodes, tls, auth
+        self.extra_config = node_config or {}
+        self.net = Network(f"pf{secrets.token_hex(2)}", ["link", *(f"node{i}" for i in range(nodes))]) if netns else None
+        self.flwr_home = self.dir / "flwr-home"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports = dict(NETNS_PORTS) if netns else {k: _free_port() for k in NETNS_PORTS}
+
+    # where things are
+    @property
+    def link_address(self) -> str:
+        return self.net.address("link") if self.net else "127.0.0.1"
+
+    def _env(self) -> dict[str, str]:
+        return flower_env(self.flwr_home)
+
+    def _prefix(self, name: str) -> list[str]:
+        return self.net.prefix(name) if self.net else []
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        """Start ``cmd`` as process ``name``; ``<host>-<suffix>`` runs in host's namespace."""
+        logs = self.dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([*self._prefix(name.split("-")[0]), *cmd], env=self._env(), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir)  # fmt: skip
+        self.procs[name] = proc
+        self._save()
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _save(self) -> None:
+        state = {"pids": {n: p.pid for n, p in self.procs.items()}, "netns": self.net.created if self.net else [],
+                 "bridge": self.net.bridge if self.net else None}  # fmt: skip
+        (self.dir / STATE_FILE).write_text(json.dumps(state, indent=1))
+
+    # start and stop
+    def start(self) -> "Deployment":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.tls:
+            print("WARNING: insecure deployment: no TLS, no SuperNode authentication. Use only on a trusted network.", file=sys.stderr)
+        if self.net:
+            self.net.up()
+        try:
+            if self.tls:
+                make_pki(self.dir / "pki", [self.link_address, "127.0.0.1", "localhost"], self.nodes)
+            self._write_connection()
+            self._start_superlink()
+            for i in range(self.nodes):
+                if self.auth:
+                    self.register(self.dir / "pki" / "keys" / f"node{i}.pub")
+                self.start_node(i)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __enter__(self) -> "Deployment":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            stop(proc)
+        self.procs.clear()
+        if self.net:
+            self.net.down()
+        if (self.dir / STATE_FILE).exists():
+            (self.dir / STATE_FILE).unlink()
+
+    def _write_connection(self) -> None:
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        security = f'root-certificates = "{self.dir / "pki" / "ca.crt"}"' if self.tls else "insecure = true"
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.link_address}:{self.ports["api"]}"\n{security}\n'
+        )
+
+    def _start_superlink(self) -> None:
+        pki = self.dir / "pki"
+        host = "0.0.0.0" if self.net else "127.0.0.1"
+        cmd = [_bin("flower-superlink"), "--disable-runtime-dependency-installation", "--database", str(self.dir / "superlink.db"),
+               "--fleet-api-address", f"{host}:{self.ports['fleet']}", "--host", host, "--port", str(self.ports["api"]),
+               "--control-api-address", f"{host}:{self.ports['control']}"]  # fmt: skip
+        if self.tls:
+            cmd += ["--ssl-ca-certfile", str(pki / "ca.crt"), "--ssl-certfile", str(pki / "server.pem"), "--ssl-keyfile", str(pki / "server.key")]
+        else:
+            cmd += ["--insecure"]
+        if self.auth:
+            cmd += ["--enable-supernode-auth"]
+        proc = self._spawn("link", cmd)
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"flower-superlink exited with code {proc.returncode}:\n{self.log('link')[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex((self.link_address, self.ports["api"])) == 0:
+                    return
+            if time.monotonic() > deadline:
+                raise SystemExit("flower-superlink did not start within 60 s")
+            time.sleep(0.2)
+
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
+        out = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
+                             env=self._env(), cwd=self.dir, capture_output=True, text=True, check=False)  # fmt: skip
+        if out.returncode != 0:
+            raise SystemExit(f"could not register {public_key}: {out.stdout}{out.stderr}")
+
+    def node_config(self, i: int) -> str:
+        state = self.dir / "state" / f"node{i}"
+        extra = self.extra_config.get(i, "")
+        return f'partition-id={i} num-partitions={self.nodes} state-dir="{state}" {extra}'.strip()
+
+    def start_node(self, i: int, key: Path | None = None, name: str | None = None) -> subprocess.Popen:
+        """Start SuperNode ``i`` (again); ``key``: another private key (e.g. an unregistered one)."""
+        pki = self.dir / "pki"
+        cmd = [_bin("flower-supernode"), "--superlink", f"{self.link_address}:{self.ports['fleet']}",
+               "--node-config", self.node_config(i), "--host", "127.0.0.1", "--port", str(_free_port())]  # fmt: skip
+        cmd += ["--root-certificates", str(pki / "ca.crt")] if self.tls else ["--insecure"]
+        if self.auth:
+            cmd += ["--auth-supernode-private-key", str(key or pki / "keys" / f"node{i}")]
+        return self._spawn(name or f"node{i}", cmd)
+
+    def restart_node(self, i: int, timeout: float = 240) -> subprocess.Popen:
+        """Start SuperNode ``i`` again until it stays up, as a supervisor would.
+
+        With authentication the node keeps its node id (its key), and the SuperLink refuses it
+        while the crashed process still counts as online (up to 2 heartbeats, about a minute).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.start_node(i)
+            try:
+                proc.wait(8)
+            except subprocess.TimeoutExpired:
+                return proc
+            if time.monotonic() > deadline:
+                raise SystemExit(f"SuperNode {i} did not come back within {timeout:.0f} s:\n{self.log(f'node{i}')[-1500:]}")
+            time.sleep(5)
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and its ClientApp processes (a crash, not a shutdown)."""
+        proc = self.procs.pop(f"node{i}")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+        self._save()
+
+    def submit(self, app: Path, run_config: str = "", echo: bool = False) -> tuple[int, str, str]:
+        """Run ``app`` on this deployment to the end: (run id, final status, log)."""
+        return submit(app, self.flwr_home, run_config, num_clients=None, echo=echo, connection=CONNECTION)
+
+
+def down(workdir: Path) -> None:
+    """Stop what ``pflower-deploy up`` started in ``workdir`` (by the pids it recorded)."""
+    path = workdir / STATE_FILE
+    if not path.exists():
+        raise SystemExit(f"no running deployment in {workdir} ({STATE_FILE} not found)")
+    state = json.loads(path.read_text())
+    for pid in state["pids"].values():
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+                time.sleep(1)
+            except ProcessLookupError:
+                break
+    for ns in state["netns"]:
+        if ns != "bridge":
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    if state.get("bridge"):
+        subprocess.run(["ip", "link", "del", state["bridge"]], capture_output=True, check=False)
+    path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pflower-deploy", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a SuperLink and SuperNodes in the background")
+    up.add_argument("--dir", type=Path, required=True, help="working folder: certificates, logs, state, FLWR_HOME")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--netns", action="store_true", help="one network namespace per process (needs root)")
+    up.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (prints a warning)")
+    up.add_argument("--no-auth", action="store_true", help="TLS without SuperNode authentication")
+    dn = sub.add_parser("down", help="stop a deployment started with up")
+    dn.add_argument("--dir", type=Path, required=True)
+    certs = sub.add_parser("certs", help="only generate a CA, a SuperLink certificate and node keys")
+    certs.add_argument("--dir", type=Path, required=True)
+    certs.add_argument("--nodes", type=int, default=3)
+    certs.add_argument("--host", action="append", default=[], help="address the SuperNodes dial (repeatable)")
+    args = p.parse_args(argv)
+    if args.command == "down":
+        down(args.dir)
+        return 0
+    if args.command == "certs":
+        make_pki(args.dir, [*args.host, "127.0.0.1", "localhost"], args.nodes)
+        print(f"wrote {args.dir}/ca.crt, server.pem, server.key and keys/node0..{args.nodes - 1}")
+        return 0
+    dep = Deployment(args.dir, args.nodes, tls=not args.insecure, auth=not (args.insecure or args.no_auth), netns=args.netns)
+    dep.start()
+    print(f"SuperLink at {dep.link_address} (Fleet API :{dep.ports['fleet']}, HTTP API :{dep.ports['api']}), {args.nodes} SuperNodes")
+    print(f"Submit a run:  FLWR_HOME={dep.flwr_home} flwr run . {CONNECTION} --stream")
+    print(f"Stop:          pflower-deploy down --dir {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Real deployment: a SuperLink and 3 SuperNodes, each in its own network namespace (veth +
+bridge), with TLS and SuperNode authentication; an unregistered node; a node that crashes and
+comes back; a node whose ClientApp returns wrong shapes."""
+
+import json
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, faulty_app
+from pflower.deploy import Deployment, node_key
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2"),
+    pytest.mark.xdist_group("deployment"),
+]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    # Node 2 misbehaves when the run's ClientApp is tests/faulty_client.py; pflower's own ignores the key.
+    with Deployment(tmp_path_factory.mktemp("deploy"), nodes=3, netns=True, node_config={2: 'fault="wrong-shape"'}) as dep:
+        yield dep
+
+
+def _metrics(path):
+    return json.loads((path / "metrics.json").read_text())
+
+
+def test_pfedla_over_tls_with_authenticated_supernodes(deployment, tmp_path):
+    assert deployment.net is not None and deployment.link_address.startswith("10.77.0.")
+    config = f"method='pfedla' num-server-rounds=3 local-epochs=2 round-timeout=120 results-dir='{tmp_path}'"
+    _, status, log = deployment.submit(ROOT, config)
+    assert status == "finished:completed", log
+    doc = _metrics(tmp_path)
+    assert doc["num-clients"] == 3 and [r["round"] for r in doc["rounds"]] == [1, 2, 3]
+    for r in doc["rounds"]:
+        assert r["missing"] == [] and r["rejected"] == {} and r["bytes-down"] > 0
+        assert sorted(r["per-client-accuracy"]) == ["0", "1", "2"]
+    assert doc["rounds"][-1]["accuracy"] > doc["rounds"][0]["accuracy"]
+    # Each SuperNode saved its personal state in its own state-dir (node config).
+    for i in range(3):
+        assert list((deployment.dir / "state" / f"node{i}" / doc["lineage"]).glob("client-*/round-*.pt"))
+
+
+def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
+    node_key(tmp_path / "rogue")
+    proc = deployment.start_node(0, key=tmp_path / "rogue", name="node0-rogue")
+    assert proc.wait(90) != 0
+    assert "Failed to activate SuperNode" in deployment.log("node0-rogue")
+
+
+def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(deployment, tmp_path):
+    """Node 0 is killed as round 2 of 4 starts and restarted as a supervisor would: with its key
+    the SuperLink lets it back in once its old heartbeats lapse (about a minute), so it misses
+    rounds from 2 on. A resumed run then has it back, with the state it saved before the crash.
+    Meanwhile node 2's ClientApp sends wrong shapes every round; they are rejected."""
+    app = faulty_app(tmp_path / "app", fault="")
+    first, second = tmp_path / "first", tmp_path / "second"
+    base = "method='heurpfedla' top-k=1 local-epochs=2 round-timeout=40"
+    outcome = {}
+    runner = threading.Thread(
+        target=lambda: outcome.update(zip(("id", "status", "log"), deployment.submit(app, f"{base} num-server-rounds=4 results-dir='{first}'")))
+    )
+    runner.start()
+    deadline = time.monotonic() + 300
+    while not ((first / "metrics.json").exists() and _metrics(first)["rounds"]):
+        assert time.monotonic() < deadline and runner.is_alive(), outcome.get("log")
+        time.sleep(0.2)
+    deployment.kill_node(0)
+    restarter = threading.Thread(target=deployment.restart_node, args=(0,))
+    restarter.start()
+    runner.join(600)
+    restarter.join(300)
+    assert outcome["status"] == "finished:completed", outcome["log"]
+    rounds = _metrics(first)["rounds"]
+    assert rounds[0]["missing"] == [] and rounds[1]["missing"] == [0]
+    assert all(r["missing"] in ([], [0]) for r in rounds)
+    assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 4
+    acc0 = rounds[0]["per-client-accuracy"]["0"]
+
+    _, status, log = deployment.submit(app, f"{base} num-server-rounds=6 results-dir='{second}' resume-from='{first}'")
+    assert status == "finished:completed", log
+    resumed = _metrics(second)["rounds"]
+    assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5, 6] and [r["missing"] for r in resumed[4:]] == [[], []]
+    assert "Client 0 restored its saved personal state" in deployment.log("node0")
+    assert all(r["per-client-accuracy"]["0"] >= acc0 - 0.02 for r in resumed[4:])  # no reset to an untrained model

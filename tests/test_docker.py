@@ -1,0 +1,116 @@
+"""The docker files, checked without a Docker engine (none runs here): compose structure and
+merge, every service command parsed by the pinned Flower's own argument parsers, the image
+built from this repository's package, and the certificate script's output."""
+
+import ipaddress
+import re
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+from cryptography import x509
+from flwr.common.config import parse_config_args
+
+from conftest import ROOT
+
+DOCKER = ROOT / "docker"
+FLWR_PIN = re.search(r'"flwr\[simulation\]==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+SSL_FLAGS = {"--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile"}
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((DOCKER / name).read_text())
+
+
+def _merge(base: dict, overlay: dict) -> dict:
+    """Compose's merge for what these files use: command replaced, volumes merged by target."""
+    merged = {name: dict(svc) for name, svc in base["services"].items()}
+    for name, svc in overlay.get("services", {}).items():
+        assert name in merged, f"overlay service {name} is not in the base file"
+        for key, value in svc.items():
+            if key == "volumes":
+                by_target = {v.split(":")[1]: v for v in merged[name].get("volumes", [])}
+                by_target.update({v.split(":")[1]: v for v in value})
+                merged[name]["volumes"] = list(by_target.values())
+            else:
+                merged[name][key] = value
+    return {**base, "services": merged}
+
+
+def _parser(image: str):
+    if image.startswith("flwr/superlink:"):
+        from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink as make
+    elif image.startswith("flwr/supernode:"):
+        from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode as make
+    else:
+        from flwr.supercore.cli.flower_superexec import _parse_args as make
+    return make()
+
+
+COMPOSITIONS = {
+    "compose.yml": lambda: _load("compose.yml"),
+    "compose.yml + compose.tls.yml": lambda: _merge(_load("compose.yml"), _load("compose.tls.yml")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITIONS))
+def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
+    doc = COMPOSITIONS[name]()
+    services = doc["services"]
+    volumes = set(doc["volumes"])
+    nodes = sorted(s for s in services if s.startswith("supernode-"))
+    assert len(nodes) >= 3
+    partitions = []
+    for svc_name, svc in services.items():
+        image = svc["image"]
+        assert image.split(":")[1] in (FLWR_PIN, "0.1.0"), f"{svc_name}: {image}"
+        for dep in svc.get("depends_on", []):
+            assert dep in services, f"{svc_name} depends on unknown {dep}"
+        for vol in svc.get("volumes", []):
+            source = vol.split(":")[0]
+            assert source in volumes or (DOCKER / source).resolve().is_relative_to(DOCKER), f"{svc_name}: {vol}"
+        args = _parser(image).parse_args(svc["command"])  # argparse exits on an unknown flag
+        flags = {a for a in svc["command"] if a.startswith("--")}
+        assert not (flags & SSL_FLAGS) or SSL_FLAGS <= flags, f"{svc_name}: Flower needs all three --ssl-* files"
+        tls = "--insecure" not in flags
+        assert tls == (name != "compose.yml"), f"{svc_name}: insecure mode must be explicit, TLS in the TLS file"
+        if image.startswith("flwr/supernode:"):
+            cfg = parse_config_args([args.node_config])
+            partitions.append(cfg["partition-id"])
+            assert cfg["num-partitions"] == len(nodes) and cfg["state-dir"] == "/app/state"
+            assert args.superlink == "superlink:9092"
+            if tls:
+                assert args.auth_supernode_private_key.endswith(f"keys/node{cfg['partition-id']}")
+        if image.startswith("pflower-superexec"):
+            host = args.runtime_api_address.split(":")[0]
+            assert host == "superlink" or host in nodes, f"{svc_name} dials {host}"
+            assert svc["build"]["dockerfile"] == "docker/Dockerfile"
+    assert sorted(partitions) == list(range(len(nodes)))
+    # one ClientApp executor per SuperNode
+    dialed = sorted(s["command"][s["command"].index("--runtime-api-address") + 1] for s in services.values() if "--runtime-api-address" in s["command"])
+    assert dialed == sorted(["superlink:8000", *(f"{n}:9094" for n in nodes)])
+
+
+def test_dockerfile_installs_this_repository_on_the_pinned_flower_image():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert f"ARG FLWR_VERSION={FLWR_PIN}" in text and "FROM flwr/superexec:${FLWR_VERSION}" in text
+    assert "COPY --chown=app:app pyproject.toml README.md ./" in text and "COPY --chown=app:app pflower ./pflower" in text
+    assert re.search(r"pip install .* \.$", text, re.M)
+    assert 'ENTRYPOINT ["flower-superexec"]' in text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["pflower"]
+
+
+def test_certificate_script_covers_every_service_name(tmp_path):
+    env = {"PFLOWER_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
+    script = tmp_path / "docker"
+    script.mkdir()
+    (script / "generate-certs.sh").write_text((DOCKER / "generate-certs.sh").read_text())
+    subprocess.run(["bash", str(script / "generate-certs.sh")], check=True, env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True)
+    certs = script / "certs"
+    cert = x509.load_pem_x509_certificate((certs / "server.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) >= {"superlink", "supernode-0", "supernode-1", "supernode-2", "localhost"}
+    assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
+    assert all((certs / "keys" / f"node{i}.pub").read_text().startswith("ecdsa-sha2-nistp384 ") for i in range(3))
