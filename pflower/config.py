@@ -12,14 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla"]
+Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed"]
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
 Aggregation = Literal["mean", "median", "trimmed-mean"]
+LabelNoise = Literal["none", "pair", "symmetric"]
 
 #: Methods whose server averages the uploaded arrays (where ``aggregation`` applies).
-AVERAGING_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn")
+AVERAGING_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn", "superfed")
 
 #: Image shape (channels, height, width) and number of classes of each data source
 #: (EMNIST: the 'balanced' split). The server builds its model from these without data.
@@ -65,6 +66,8 @@ class Settings(BaseModel):
     dominant_fraction: float = Field(0.8, gt=0, lt=1)
     label_groups: int = Field(2, ge=1)
     test_fraction: float = Field(0.3, gt=0, lt=1)
+    label_noise: LabelNoise = "none"
+    label_noise_ratio: float = Field(0.0, ge=0, lt=1)
     num_server_rounds: int = Field(20, ge=1)
     fraction_train: float = Field(1.0, gt=0, le=1)
     local_epochs: int = Field(5, ge=1)
@@ -90,6 +93,10 @@ class Settings(BaseModel):
     hn_hidden_dim: int = Field(100, ge=1)
     hn_key_dim: int = Field(100, ge=1)
     top_k: int = Field(1, ge=0)
+    superfed_mixing: Literal["model", "layer"] = "model"
+    superfed_mu: float = Field(0.01, ge=0)
+    superfed_nu: float = Field(1.0, ge=0)
+    superfed_start: float = Field(0.4, ge=0, le=1)
 
     @property
     def num_classes(self) -> int:

@@ -9,9 +9,10 @@ from pflower.client_app.fedprox import FedProxClient
 from pflower.client_app.fedrep import FedRepClient
 from pflower.client_app.local import LocalClient
 from pflower.client_app.pfedla import PFedLAClient
+from pflower.client_app.superfed import SuperFedClient
 from pflower.config import Settings
 from pflower.models import build_model
-from pflower.strategies import FedAvg, Local, PFedLA, PflStrategy
+from pflower.strategies import FedAvg, Local, PFedLA, PflStrategy, SuperFed
 
 METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "fedavg": (ClientMethod, FedAvg),
@@ -22,6 +23,7 @@ METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "fedbn": (FedBNClient, FedAvg),
     "pfedla": (PFedLAClient, PFedLA),
     "heurpfedla": (PFedLAClient, PFedLA),
+    "superfed": (SuperFedClient, SuperFed),
 }
 
 

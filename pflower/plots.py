@@ -71,8 +71,25 @@ def plot_alpha_evolution(rounds: list[int], alpha: np.ndarray, client: int, path
     plt.close(fig)
 
 
+def plot_lambda_curves(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Mean test accuracy versus lambda (0: federated model, 1: local model), a few rounds."""
+    rows = [r for r in rounds if "lambda-curve" in r]
+    picks = sorted({rows[0]["round"], rows[len(rows) // 2]["round"], rows[-1]["round"]})
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for r in rows:
+        if r["round"] in picks:
+            grid = np.linspace(0, 1, len(r["lambda-curve"]))
+            ax.plot(grid, r["lambda-curve"], marker="o", ms=3, label=f"round {r['round']}")
+    ax.set(xlabel="lambda (0 = federated, 1 = local)", ylabel="mean test accuracy", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
-    """Every figure one run's metrics support: accuracy per round, and pFedLA's weights."""
+    """Every figure one run's metrics support: accuracy per round, pFedLA's weights, SuPerFed's lambda curve."""
     cfg, rounds = doc["config"], doc["rounds"]
     name = cfg["method"]
     drawn = [directory / "accuracy.png"]
@@ -85,6 +102,9 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
         history = np.stack([alpha_array(r["alpha"])[0] for r in with_alpha])
         drawn.append(directory / "alpha-evolution.png")
         plot_alpha_evolution([r["round"] for r in with_alpha], history, 0, drawn[-1], f"{name}: weights of client 0")
+    if any("lambda-curve" in r for r in rounds):
+        drawn.append(directory / "lambda.png")
+        plot_lambda_curves(rounds, drawn[-1], f"{name} ({cfg.get('superfed-mixing', '')} mixing): accuracy vs lambda")
     return drawn
 
 

@@ -72,23 +72,59 @@ def train(
     return total / max(count, 1)
 
 
+#: Confidence bins of the calibration errors (ECE, MCE), as in SuPerFed's robustness study.
+CALIBRATION_BINS = 15
+
+
 @dataclass(frozen=True)
 class Evaluation:
     loss: float
     accuracy: float
     num_examples: int
+    top5: float = 0.0
+    ece: float = 0.0
+    mce: float = 0.0
+
+    def metrics(self) -> dict[str, float | int]:
+        """As reply metrics: loss, accuracy, top5-accuracy, ece, mce, num-examples."""
+        return {"loss": self.loss, "accuracy": self.accuracy, "top5-accuracy": self.top5, "ece": self.ece,
+                "mce": self.mce, "num-examples": self.num_examples}  # fmt: skip
+
+
+def calibration_errors(confidence: torch.Tensor, correct: torch.Tensor, bins: int = CALIBRATION_BINS) -> tuple[float, float]:
+    """Expected and maximum calibration error over equal-width confidence bins."""
+    edges = torch.linspace(0, 1, bins + 1)
+    which = torch.clamp(torch.bucketize(confidence, edges[1:-1], right=True), 0, bins - 1)
+    count = torch.bincount(which, minlength=bins).double()
+    conf = torch.bincount(which, weights=confidence.double(), minlength=bins)
+    acc = torch.bincount(which, weights=correct.double(), minlength=bins)
+    used = count > 0
+    gap = (acc[used] / count[used] - conf[used] / count[used]).abs()
+    if not used.any():
+        return 0.0, 0.0
+    return float((gap * count[used]).sum() / count.sum()), float(gap.max())
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Split, batch_size: int = 512) -> Evaluation:
-    """Mean cross-entropy and top-1 accuracy of ``model`` on ``data``."""
+    """Mean cross-entropy, top-1 and top-5 accuracy, ECE and MCE of ``model`` on ``data``."""
     dev = next(model.parameters()).device
     model.eval()
-    loss, correct = 0.0, 0
+    loss, correct, top5 = 0.0, [], 0
+    confidence = []
     for x, y in batches(data, batch_size):
         x, y = x.to(dev), y.to(dev)
         logits = model(x)
         loss += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(1) == y).sum())
+        prob = logits.softmax(1)
+        conf, pred = prob.max(1)
+        correct.append((pred == y).cpu())
+        confidence.append(conf.cpu())
+        k = min(5, logits.shape[1])
+        top5 += int((logits.topk(k, 1).indices == y[:, None]).any(1).sum())
     n = max(len(data), 1)
-    return Evaluation(loss / n, correct / n, len(data))
+    if not correct:
+        return Evaluation(0.0, 0.0, 0)
+    hits = torch.cat(correct)
+    ece, mce = calibration_errors(torch.cat(confidence), hits)
+    return Evaluation(loss / n, float(hits.sum()) / n, len(data), top5 / n, ece, mce)

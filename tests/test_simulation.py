@@ -17,6 +17,7 @@ METHOD_CONFIGS = {
     "fedbn": "model='cnn-bn'",
     "pfedla": "",
     "heurpfedla": "top-k=1",
+    "superfed": "superfed-mixing='layer' superfed-start=0.3",
 }
 
 

@@ -28,7 +28,7 @@ from pflower.datasets import Split, client_data, pool_for
 from pflower import methods
 from pflower.models import build_model
 from pflower.records import from_record, to_record
-from pflower.training import device, evaluate
+from pflower.training import device
 
 PERSONAL = "personal"
 
@@ -93,8 +93,9 @@ def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
             f"{pool.num_classes} classes; expected {settings.image_shape} and {settings.num_classes}"
         )
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed).to(device())
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return Runtime(settings, client_id, num_clients, train, test, methods.client_method(settings), model, initial)
+    method = methods.client_method(settings)
+    initial = {k: v.detach().clone() for k, v in method.initial_state(model, client_id).items()}
+    return Runtime(settings, client_id, num_clients, train, test, method, model, initial)
 
 
 @lru_cache(maxsize=8)
@@ -154,7 +155,7 @@ def train(msg: Message, context: Context) -> Message:
     model = rt.personal_model(context, msg)
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
-    loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)))
+    loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)), _round(msg))
     rt.save(context, msg)
     state = model.state_dict()
     metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id})
@@ -167,9 +168,7 @@ def evaluate_(msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (personal state + received arrays) on the local test split."""
     rt = runtime(context)
     model = rt.personal_model(context, msg)
+    trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
-    ev = evaluate(model, rt.test)
-    metrics = MetricRecord(
-        {"num-examples": ev.num_examples, "loss": ev.loss, "accuracy": ev.accuracy, "client-id": rt.client_id}
-    )
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    metrics = rt.method.evaluate(model, rt.train, rt.test, trained)
+    return Message(RecordDict({"metrics": MetricRecord({**metrics, "client-id": rt.client_id})}), reply_to=msg)

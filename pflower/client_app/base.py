@@ -8,7 +8,7 @@ from torch import nn
 from pflower.config import Settings
 from pflower.datasets import Split
 from pflower.models import communicable_keys
-from pflower.training import LossFn, cross_entropy, train
+from pflower.training import LossFn, cross_entropy, evaluate, train
 
 
 class ClientMethod:
@@ -25,9 +25,17 @@ class ClientMethod:
     def upload_keys(self, model: nn.Module) -> list[str]:
         return communicable_keys(model)
 
-    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int) -> float:
+    def initial_state(self, model: nn.Module, client_id: int) -> dict[str, torch.Tensor]:
+        """The personal state of a client that has not trained yet (default: the common init)."""
+        return model.state_dict()
+
+    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         """Train ``model`` (already holding the received arrays) in place; return the mean loss."""
         return self._train(model, data, seed, epochs=self.settings.local_epochs)
+
+    def evaluate(self, model: nn.Module, train: Split, test: Split, trained: bool) -> dict[str, float | int]:
+        """Reply metrics of the personalized model on the test split (``trained``: it has trained before)."""
+        return evaluate(model, test).metrics()
 
     def _train(self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy) -> float:
         s = self.settings

@@ -11,7 +11,7 @@ from pflower.datasets import Split
 
 
 class FedRepClient(FedPerClient):
-    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int) -> float:
+    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         head = list(model.head.parameters())
         head_ids = {id(p) for p in head}
         body = [p for p in model.parameters() if id(p) not in head_ids]

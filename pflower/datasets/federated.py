@@ -79,13 +79,17 @@ def federated_indices(settings: Settings, num_clients: int) -> FederatedIndices:
 
 
 def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[Split, Split]:
-    """(train, test) samples of one client."""
+    """(train, test) samples of one client; ``label-noise`` flips training labels only."""
     if not 0 <= client_id < num_clients:
         raise ValueError(f"client id {client_id} is outside 0..{num_clients - 1}")
     pool = pool_for(settings)
     fi = federated_indices(settings, num_clients)
     tr, te = torch.from_numpy(fi.train[client_id]), torch.from_numpy(fi.test[client_id])
-    return Split(pool.x[tr], pool.y[tr]), Split(pool.x[te], pool.y[te])
+    y_train = pool.y[tr]
+    if settings.label_noise != "none" and settings.label_noise_ratio > 0:
+        seed = int(np.random.SeedSequence([settings.seed, client_id, 7]).generate_state(1)[0])
+        y_train = P.noisy_labels(y_train, settings.label_noise, settings.label_noise_ratio, pool.num_classes, seed)
+    return Split(pool.x[tr], y_train), Split(pool.x[te], pool.y[te])
 
 
 def global_test(settings: Settings, num_clients: int) -> Split:

@@ -9,6 +9,7 @@ dominant) and the FedeRiCo setting (``label-groups``) have no counterpart there.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 class PartitionError(ValueError):
@@ -164,3 +165,17 @@ def train_test_split(
         test.append(idx[:n_test])
         train.append(idx[n_test:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def noisy_labels(y: torch.Tensor, kind: str, ratio: float, num_classes: int, seed: int) -> torch.Tensor:
+    """Flip exactly round(ratio * n) labels, chosen at random: ``pair`` sends class c to
+    c + 1 (mod classes), ``symmetric`` to a uniformly drawn other class."""
+    rng = np.random.default_rng(seed)
+    out = y.clone()
+    idx = torch.from_numpy(rng.permutation(len(y))[: int(round(ratio * len(y)))])
+    if kind == "pair":
+        out[idx] = (y[idx] + 1) % num_classes
+    else:
+        shift = torch.from_numpy(rng.integers(1, num_classes, size=len(idx)))
+        out[idx] = (y[idx] + shift) % num_classes
+    return out

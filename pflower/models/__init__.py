@@ -8,9 +8,10 @@ from torch import nn
 from pflower.config import Settings
 from pflower.models.cnn import CNN
 from pflower.models.layers import Layer, communicable_keys, keys_under, layers, norm_keys
+from pflower.models.mixing import MixedModel
 from pflower.models.mlp import MLP
 
-__all__ = ["CNN", "MLP", "Layer", "build_model", "communicable_keys", "keys_under", "layers", "norm_keys"]
+__all__ = ["CNN", "MLP", "Layer", "MixedModel", "build_model", "communicable_keys", "keys_under", "layers", "norm_keys"]
 
 
 def resolve_model_name(settings: Settings, in_channels: int) -> str:
@@ -21,11 +22,16 @@ def resolve_model_name(settings: Settings, in_channels: int) -> str:
 
 
 def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: int, seed: int) -> nn.Module:
-    """A freshly initialized model; the same ``seed`` gives the same weights."""
+    """A freshly initialized model; the same ``seed`` gives the same weights.
+
+    SuPerFed wraps it in a :class:`MixedModel` (federated and local copies).
+    """
     in_channels, height, width = shape
     name = resolve_model_name(settings, in_channels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if name == "mlp":
-            return MLP(in_channels * height * width, num_classes)
-        return CNN(in_channels, height, num_classes, batch_norm=name == "cnn-bn")
+            model = MLP(in_channels * height * width, num_classes)
+        else:
+            model = CNN(in_channels, height, num_classes, batch_norm=name == "cnn-bn")
+    return MixedModel(model, settings.superfed_mixing) if settings.method == "superfed" else model

@@ -4,5 +4,6 @@ from pflower.strategies.base import PflStrategy
 from pflower.strategies.fedavg import FedAvg
 from pflower.strategies.local import Local
 from pflower.strategies.pfedla import PFedLA
+from pflower.strategies.superfed import SuperFed
 
-__all__ = ["FedAvg", "Local", "PFedLA", "PflStrategy"]
+__all__ = ["FedAvg", "Local", "PFedLA", "PflStrategy", "SuperFed"]

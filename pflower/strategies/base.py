@@ -62,6 +62,7 @@ class PflStrategy(Strategy):
         self.rejected: Counter[str] = Counter()
         self.problems: list[str] = []  # this round's rejections, "client 3: reason"
         self.last_accuracy: dict[int, float] = {}
+        self.eval_metrics: dict[int, dict] = {}  # the last evaluation reply of each client
 
     # ----------------------------------------------------------------- hooks
     def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
@@ -242,16 +243,14 @@ class PflStrategy(Strategy):
         if not valid:
             return None
         acc = np.array([float(r.metrics["accuracy"]) for r in valid])
-        loss = np.array([float(r.metrics["loss"]) for r in valid])
         n = np.array([r.num_examples for r in valid], dtype=np.float64)
         self.last_accuracy = {r.client_id: float(r.metrics["accuracy"]) for r in valid}
-        return MetricRecord(
-            {
-                "accuracy": float(acc.mean()),
-                "weighted-accuracy": float((acc * n).sum() / n.sum()),
-                "loss": float((loss * n).sum() / n.sum()),
-            }
-        )
+        self.eval_metrics = {r.client_id: r.metrics for r in valid}
+        weighted = {
+            key: float((np.array([float(r.metrics.get(key, 0.0)) for r in valid]) * n).sum() / n.sum())
+            for key in ("loss", "top5-accuracy", "ece", "mce")
+        }
+        return MetricRecord({"accuracy": float(acc.mean()), "weighted-accuracy": float((acc * n).sum() / n.sum()), **weighted})
 
     def _failure(self, rnd: int, sampled: int, n_valid: int, silent: list[int]) -> str:
         why = [*self.problems, *(f"client {c}: no reply within round-timeout={self.settings.round_timeout:g} s" for c in silent)]
@@ -347,6 +346,9 @@ class PflStrategy(Strategy):
                     "accuracy": ev.get("accuracy"),
                     "weighted-accuracy": ev.get("weighted-accuracy"),
                     "loss": ev.get("loss"),
+                    "top5-accuracy": ev.get("top5-accuracy"),
+                    "ece": ev.get("ece"),
+                    "mce": ev.get("mce"),
                     "train-loss": train_metrics["train-loss"],
                     "bytes-down": down + e_down,
                     "bytes-up": up + e_up,

@@ -1,0 +1,91 @@
+"""SuPerFed client: a federated and a local model trained together on one low-loss line.
+
+Each minibatch draws lambda ~ U(0, 1) (one, or one per layer) and trains the mixed network
+W(lambda) = (1 - lambda) w_f + lambda w_l; the loss adds ``superfed-mu`` x sum over tensors of
+||w_f - w_g|| (un-squared, as the official code) and ``superfed-nu`` x cos^2(w_f, w_l). Before
+round ``superfed-start`` x rounds, lambda = 0 and w_l is frozen. Only w_f is uploaded; w_l
+starts from the client's own seed and stays in its personal state.
+
+Evaluation reports the test accuracy at every lambda of the grid 0, 0.1, ..., 1, and as the
+client's accuracy the one at the lambda that is best on held-out training data (10% of the
+training split, never trained on). A client that never trained uses lambda = 0, the global model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.datasets import Split
+from pflower.models import keys_under
+from pflower.models.mixing import LAMBDA_GRID, MixedModel, cosine_squared
+from pflower.training import evaluate
+
+#: Share of a client's training split held out to choose its lambda.
+VALIDATION_FRACTION = 0.1
+
+
+def holdout(data: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """(train, validation): a fixed random ``fraction`` of ``data`` held out."""
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(data)))
+    k = max(1, int(round(fraction * len(data))))
+    tr, va = order[k:], order[:k]
+    return Split(data.x[tr], data.y[tr]), Split(data.x[va], data.y[va])
+
+
+class SuperFedClient(ClientMethod):
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        return keys_under(model, "fed")
+
+    def initial_state(self, model: MixedModel, client_id: int) -> dict[str, torch.Tensor]:
+        """The common federated init, and local weights from the client's own seed."""
+        seed = int(np.random.SeedSequence([self.settings.seed, client_id, 11]).generate_state(1)[0])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for module in model.local.modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+        return model.state_dict()
+
+    def _split(self, data: Split) -> tuple[Split, Split]:
+        return holdout(data, VALIDATION_FRACTION, self.settings.seed)
+
+    def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
+        s = self.settings
+        train, _ = self._split(data)
+        mixing = server_round > s.superfed_start * s.num_server_rounds
+        generator = torch.Generator().manual_seed(seed + 1)
+        fed, local = list(model.fed.parameters()), list(model.local.parameters())
+        named = dict(model.fed.named_parameters())
+        anchors = [(named[k[4:]], v.to(named[k[4:]].device)) for k, v in received.items() if k[4:] in named]
+
+        def loss_fn(m: MixedModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            if mixing:
+                m.draw_lambda(generator)
+            loss = F.cross_entropy(m(x), y)
+            if s.superfed_mu > 0 and anchors:
+                loss = loss + s.superfed_mu * sum(torch.linalg.vector_norm(p - g) for p, g in anchors)
+            if mixing and s.superfed_nu > 0:
+                loss = loss + s.superfed_nu * cosine_squared(fed, local)
+            return loss
+
+        model.set_lambda(0.0)
+        try:
+            return self._train(model, train, seed, epochs=s.local_epochs, params=fed + local if mixing else fed, loss_fn=loss_fn)
+        finally:
+            model.set_lambda(0.0)
+
+    def evaluate(self, model: MixedModel, train: Split, test: Split, trained: bool) -> dict:
+        _, validation = self._split(train)
+        curve, best, best_val = [], 0, -1.0
+        for i, lam in enumerate(LAMBDA_GRID):
+            model.set_lambda(lam)
+            curve.append(evaluate(model, test))
+            val = evaluate(model, validation).accuracy if trained else (1.0 if lam == 0 else 0.0)
+            if val > best_val:
+                best, best_val = i, val
+        model.set_lambda(0.0)
+        return {**curve[best].metrics(), "lambda": LAMBDA_GRID[best], "lambda-accuracy": [c.accuracy for c in curve]}
