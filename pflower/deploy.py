@@ -281,11 +281,19 @@ class Deployment:
             time.sleep(0.2)
 
     def register(self, public_key: Path) -> None:
-        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
-        out = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
-                             env=self._env(), cwd=self.dir, capture_output=True, text=True, check=False)  # fmt: skip
-        if out.returncode != 0:
-            raise SystemExit(f"could not register {public_key}: {out.stdout}{out.stderr}")
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``).
+
+        Retried for up to a minute while the SuperLink's API is still starting up.
+        """
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
+                                 env=self._env(), cwd=self.dir, capture_output=True, text=True, check=False)  # fmt: skip
+            if out.returncode == 0:
+                return
+            if "unavailable" not in out.stdout + out.stderr or time.monotonic() > deadline:
+                raise SystemExit(f"could not register {public_key}: {out.stdout}{out.stderr}")
+            time.sleep(1)
 
     def node_config(self, i: int) -> str:
         state = self.dir / "state" / f"node{i}"
