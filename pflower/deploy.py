@@ -176,7 +176,8 @@ class Deployment:
         self.dir = workdir.resolve()
         self.nodes, self.tls, self.auth = nodes, tls, auth
         self.extra_config = node_config or {}
-        self.net = Network(f"pf{secrets.token_hex(2)}", ["link", *(f"node{i}" for i in range(nodes))]) if netns else None
+        tag, subnet = f"pf{secrets.token_hex(2)}", f"10.77.{secrets.randbelow(250)}"  # a fresh subnet: no stale neighbours
+        self.net = Network(tag, ["link", *(f"node{i}" for i in range(nodes))], subnet) if netns else None
         self.flwr_home = self.dir / "flwr-home"
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports = dict(NETNS_PORTS) if netns else {k: _free_port() for k in NETNS_PORTS}
