@@ -61,7 +61,6 @@ def test_wrong_shapes_from_one_supernode_are_rejected(deployment, tmp_path):
     assert status == "finished:completed", log
     rounds = _metrics(tmp_path / "out")["rounds"]
     assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 2 and all(r["missing"] == [] for r in rounds)
-    assert "Rejected a reply of client 2" in log
 
 
 @pytest.mark.restart  # flaky under load (Flower 1.39 re-admits the node only after its heartbeats lapse): run with -m restart
