@@ -61,7 +61,6 @@ class PflStrategy(Strategy):
         self.num_clients = 0
         self.rejected: Counter[str] = Counter()
         self.problems: list[str] = []  # this round's rejections, "client 3: reason"
-        self.last_accuracy: dict[int, float] = {}
         self.eval_metrics: dict[int, dict] = {}  # the last evaluation reply of each client
 
     # ----------------------------------------------------------------- hooks
@@ -244,7 +243,6 @@ class PflStrategy(Strategy):
             return None
         acc = np.array([float(r.metrics["accuracy"]) for r in valid])
         n = np.array([r.num_examples for r in valid], dtype=np.float64)
-        self.last_accuracy = {r.client_id: float(r.metrics["accuracy"]) for r in valid}
         self.eval_metrics = {r.client_id: r.metrics for r in valid}
         weighted = {
             key: float((np.array([float(r.metrics.get(key, 0.0)) for r in valid]) * n).sum() / n.sum())
@@ -356,7 +354,7 @@ class PflStrategy(Strategy):
                     "sampled": sampled,
                     "missing": sorted(set(silent) | set(e_silent)),
                     "rejected": dict(self.rejected),
-                    "per-client-accuracy": {str(c): a for c, a in sorted(self.last_accuracy.items())},
+                    "per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items())},
                     **self.round_extras(),
                 }
             )
