@@ -12,15 +12,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed"]
+Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed", "doublehead"]
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
 Aggregation = Literal["mean", "median", "trimmed-mean"]
 LabelNoise = Literal["none", "pair", "symmetric"]
+TestMode = Literal["local", "global", "both"]
 
 #: Methods whose server averages the uploaded arrays (where ``aggregation`` applies).
-AVERAGING_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn", "superfed")
+AVERAGING_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn", "superfed", "doublehead")
+
+#: Methods that can share their layers gradually (``gradual-interval``).
+GRADUAL_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn", "doublehead")
 
 #: Image shape (channels, height, width) and number of classes of each data source
 #: (EMNIST: the 'balanced' split). The server builds its model from these without data.
@@ -68,6 +72,7 @@ class Settings(BaseModel):
     test_fraction: float = Field(0.3, gt=0, lt=1)
     label_noise: LabelNoise = "none"
     label_noise_ratio: float = Field(0.0, ge=0, lt=1)
+    test_mode: TestMode = "local"
     num_server_rounds: int = Field(20, ge=1)
     fraction_train: float = Field(1.0, gt=0, le=1)
     local_epochs: int = Field(5, ge=1)
@@ -97,6 +102,7 @@ class Settings(BaseModel):
     superfed_mu: float = Field(0.01, ge=0)
     superfed_nu: float = Field(1.0, ge=0)
     superfed_start: float = Field(0.4, ge=0, le=1)
+    gradual_interval: int = Field(0, ge=0)
 
     @property
     def num_classes(self) -> int:
@@ -150,6 +156,8 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
     if s.aggregation != "mean" and s.method not in AVERAGING_METHODS:
         problems.append(("aggregation", s.aggregation, f"only for the averaging methods {', '.join(AVERAGING_METHODS)}"))
+    if s.gradual_interval and s.method not in GRADUAL_METHODS:
+        problems.append(("gradual-interval", s.gradual_interval, f"must be 0 for '{s.method}'; gradual sharing is for {', '.join(GRADUAL_METHODS)}"))
     return problems
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_app.doublehead import DoubleHeadClient
 from pflower.client_app.fedbn import FedBNClient
 from pflower.client_app.fedper import FedPerClient
 from pflower.client_app.fedprox import FedProxClient
@@ -24,6 +25,7 @@ METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "pfedla": (PFedLAClient, PFedLA),
     "heurpfedla": (PFedLAClient, PFedLA),
     "superfed": (SuperFedClient, SuperFed),
+    "doublehead": (DoubleHeadClient, FedAvg),
 }
 
 

@@ -1,7 +1,8 @@
 """Figures drawn from metrics.json (matplotlib, Agg backend: no display needed).
 
 Runs draw their figures when they finish; ``pflower-plot DIR...`` redraws them from the
-metrics.json files of finished runs.
+metrics.json files of finished runs, and ``pflower-compare DIR... -o FILE`` draws several runs'
+accuracy against the bytes they sent on one figure.
 """
 
 from __future__ import annotations
@@ -118,6 +119,53 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{path}: no such file")
         for fig in draw_run(json.loads(path.read_text()), d):
             print(fig)
+    return 0
+
+
+def run_label(doc: dict[str, Any]) -> str:
+    """A run's legend entry: its method, and its gradual-sharing interval if any."""
+    cfg = doc["config"]
+    label = cfg["method"]
+    if cfg.get("gradual-interval"):
+        label += f" + gradual ({cfg['gradual-interval']})"
+    return label
+
+
+def plot_comparison(runs: dict[str, dict[str, Any]], path: Path, metric: str = "accuracy") -> None:
+    """``metric`` of each run per round against its cumulative bytes (down + up), in MiB."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, doc in runs.items():
+        rows = [r for r in doc["rounds"] if r.get(metric) is not None]
+        x = [(r["cumulative-bytes-down"] + r["cumulative-bytes-up"]) / 2**20 for r in rows]
+        ax.plot(x, [r[metric] for r in rows], marker="o", ms=2.5, label=label)
+    ax.set(xlabel="cumulative bytes, down + up (MiB)", ylabel=f"test {metric}", title=f"{metric} against communication")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pflower-compare", description="Draw several runs' accuracy against cumulative bytes on one figure.")
+    p.add_argument("results_dirs", nargs="+", type=Path, help="results-dir of a run (holds metrics.json)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the figure to write (.png, .pdf, .svg)")
+    p.add_argument("--metric", default="accuracy", help="a per-round metric, e.g. 'accuracy' or 'global-accuracy' (default: accuracy)")
+    args = p.parse_args(argv)
+    runs: dict[str, dict[str, Any]] = {}
+    for d in args.results_dirs:
+        path = d / "metrics.json"
+        if not path.is_file():
+            p.error(f"{path}: no such file")
+        doc = json.loads(path.read_text())
+        if not any("cumulative-bytes-down" in r for r in doc["rounds"]):
+            p.error(f"{path}: no cumulative bytes (written by an older pflower)")
+        if not any(r.get(args.metric) is not None for r in doc["rounds"]):
+            p.error(f"{path}: no '{args.metric}' in its rounds (for 'global-accuracy' run with test-mode='both')")
+        label = run_label(doc)
+        runs[label if label not in runs else f"{label} ({d.name})"] = doc
+    plot_comparison(runs, args.output, args.metric)
+    print(args.output)
     return 0
 
 

@@ -30,6 +30,10 @@ class Recorder:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def add_round(self, row: dict[str, Any]) -> None:
+        """Record a round (adding the run's cumulative bytes so far), log it, rewrite metrics.json."""
+        before = self.rounds[-1] if self.rounds else {}
+        for way in ("down", "up"):
+            row[f"cumulative-bytes-{way}"] = before.get(f"cumulative-bytes-{way}", 0) + row[f"bytes-{way}"]
         self.rounds.append(row)
         total = self.settings.num_server_rounds
         rejected = sum(row.get("rejected", {}).values())
@@ -37,6 +41,8 @@ class Recorder:
             quality = "no evaluation replies"
         else:
             quality = f"accuracy {row['accuracy']:.4f} (weighted {row['weighted-accuracy']:.4f}) loss {row['loss']:.4f}"
+            if "global-accuracy" in row:
+                quality += f" | global accuracy {row['global-accuracy']:.4f}"
         log(
             INFO,
             "[round %d/%d] %s | down %s up %s | %.2f s%s",
@@ -59,6 +65,7 @@ class Recorder:
                 "accuracy": last.get("accuracy"),
                 "weighted-accuracy": last.get("weighted-accuracy"),
                 "per-client-accuracy": last.get("per-client-accuracy", {}),
+                **({"global-accuracy": last["global-accuracy"]} if "global-accuracy" in last else {}),
                 "bytes-down": sum(r["bytes-down"] for r in self.rounds),
                 "bytes-up": sum(r["bytes-up"] for r in self.rounds),
             },

@@ -1,7 +1,8 @@
 """The ClientApp: thin Flower glue around a method's :class:`ClientMethod`.
 
 Each client keeps its whole personal model in ``context.state["personal"]``; a message
-overwrites the keys it carries, the method trains, and only the method's upload keys go back.
+overwrites the keys it carries, the method trains, and only the method's upload keys (those the
+gradual-sharing schedule releases in this round) go back.
 After training the personal state is also saved to disk (:mod:`pflower.client_app.store`),
 so a resumed run or a restarted SuperNode continues with it.
 Everything derived from the run config (settings, data, model) is cached per process.
@@ -10,7 +11,7 @@ Everything derived from the run config (settings, data, model) is cached per pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from logging import INFO
 from pathlib import Path
 
@@ -24,10 +25,11 @@ from torch import nn
 from pflower.client_app.base import ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
-from pflower.datasets import Split, client_data, pool_for
+from pflower.datasets import Split, client_data, global_test, pool_for
 from pflower import methods
 from pflower.models import build_model
 from pflower.records import from_record, to_record
+from pflower.sharing import GradualSharing
 from pflower.training import device
 
 PERSONAL = "personal"
@@ -47,6 +49,22 @@ class Runtime:
     method: ClientMethod
     model: nn.Module
     initial: dict[str, torch.Tensor]
+    sharing: GradualSharing
+
+    @cached_property
+    def global_test(self) -> Split:
+        """The shared test set of ``test-mode='global'`` (the union of all clients' test splits)."""
+        return global_test(self.settings, self.num_clients)
+
+    def evaluate(self, model: nn.Module, trained: bool) -> dict:
+        """The method's metrics in the run's ``test-mode``; with ``both``, global ones prefixed ``global-``."""
+        mode, m = self.settings.test_mode, self.method
+        if mode == "global":
+            return m.evaluate(model, self.train, self.global_test, trained)
+        metrics = m.evaluate(model, self.train, self.test, trained)
+        if mode == "both":
+            metrics |= {f"global-{k}": v for k, v in m.evaluate(model, self.train, self.global_test, trained).items()}
+        return metrics
 
     def store(self, context: Context) -> StateStore:
         """This client's saved states: in the node config's ``state-dir`` if set, else the run
@@ -95,7 +113,8 @@ def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed).to(device())
     method = methods.client_method(settings)
     initial = {k: v.detach().clone() for k, v in method.initial_state(model, client_id).items()}
-    return Runtime(settings, client_id, num_clients, train, test, method, model, initial)
+    sharing = GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval)
+    return Runtime(settings, client_id, num_clients, train, test, method, model, initial, sharing)
 
 
 @lru_cache(maxsize=8)
@@ -159,16 +178,16 @@ def train(msg: Message, context: Context) -> Message:
     rt.save(context, msg)
     state = model.state_dict()
     metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id})
-    content = RecordDict({"arrays": to_record(state, rt.method.upload_keys(model)), "metrics": metrics})
+    content = RecordDict({"arrays": to_record(state, rt.sharing.keys(_round(msg))), "metrics": metrics})
     return Message(content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate_(msg: Message, context: Context) -> Message:
-    """Evaluate the personalized model (personal state + received arrays) on the local test split."""
+    """Evaluate the personalized model (personal state + received arrays) in the run's test mode."""
     rt = runtime(context)
     model = rt.personal_model(context, msg)
     trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
-    metrics = rt.method.evaluate(model, rt.train, rt.test, trained)
+    metrics = rt.evaluate(model, trained)
     return Message(RecordDict({"metrics": MetricRecord({**metrics, "client-id": rt.client_id})}), reply_to=msg)

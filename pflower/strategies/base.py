@@ -80,6 +80,10 @@ class PflStrategy(Strategy):
         """The current global model, if the method has one."""
         return ArrayRecord()
 
+    def upload_spec_for(self, server_round: int) -> Mapping[str, ArraySpec]:
+        """The arrays a training reply of ``server_round`` must carry (default: every upload key)."""
+        return self.upload_spec
+
     def update_reference(self, client_id: int) -> Mapping[str, torch.Tensor] | None:
         """What ``client_id`` started training from this round (for ``max-update-norm``); None: no bound."""
         return None
@@ -183,7 +187,7 @@ class PflStrategy(Strategy):
                 f"num-examples {reply.num_examples} exceeds max-examples-factor={s.max_examples_factor:g} x the {before} it reported before",
             )
         if spec and s.max_update_norm > 0 and (ref := self.update_reference(reply.client_id)) is not None:
-            norm = sum(float((reply.arrays[k].double() - t.double()).square().sum()) for k, t in ref.items()) ** 0.5
+            norm = sum(float((reply.arrays[k].double() - ref[k].double()).square().sum()) for k in spec) ** 0.5
             if norm > s.max_update_norm:
                 raise Rejected("update-norm", f"update norm {norm:.4g} exceeds max-update-norm={s.max_update_norm:g}")
 
@@ -227,7 +231,7 @@ class PflStrategy(Strategy):
         return self._messages(self.sample(server_round), MessageType.TRAIN, self.train_arrays, server_round, config)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid = self.accept(replies, self.upload_spec)
+        valid = self.accept(replies, self.upload_spec_for(server_round))
         if valid:
             self.aggregate(server_round, valid)
         n = sum(r.num_examples for r in valid)
@@ -248,7 +252,10 @@ class PflStrategy(Strategy):
             key: float((np.array([float(r.metrics.get(key, 0.0)) for r in valid]) * n).sum() / n.sum())
             for key in ("loss", "top5-accuracy", "ece", "mce")
         }
-        return MetricRecord({"accuracy": float(acc.mean()), "weighted-accuracy": float((acc * n).sum() / n.sum()), **weighted})
+        out = {"accuracy": float(acc.mean()), "weighted-accuracy": float((acc * n).sum() / n.sum()), **weighted}
+        if all("global-accuracy" in r.metrics for r in valid):  # test-mode 'both'
+            out["global-accuracy"] = float(np.mean([float(r.metrics["global-accuracy"]) for r in valid]))
+        return MetricRecord(out)
 
     def _failure(self, rnd: int, sampled: int, n_valid: int, silent: list[int]) -> str:
         why = [*self.problems, *(f"client {c}: no reply within round-timeout={self.settings.round_timeout:g} s" for c in silent)]
@@ -355,6 +362,7 @@ class PflStrategy(Strategy):
                     "missing": sorted(set(silent) | set(e_silent)),
                     "rejected": dict(self.rejected),
                     "per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items())},
+                    **({"global-accuracy": ev["global-accuracy"]} if "global-accuracy" in ev else {}),
                     **self.round_extras(),
                 }
             )

@@ -3,7 +3,9 @@
 Personalized baselines differ only on the client: what they keep local never reaches the
 server, so the server averages exactly the uploaded keys. ``aggregation`` picks the average:
 the sample-weighted mean, or (robust to a few wild clients, unweighted like Flower's
-FedMedian and FedTrimmedAvg) the coordinate-wise median or trimmed mean.
+FedMedian and FedTrimmedAvg) the coordinate-wise median or trimmed mean. With
+``gradual-interval`` only the layers released so far are sent and averaged
+(:mod:`pflower.sharing`); the others keep their initial value on the server.
 """
 
 from __future__ import annotations
@@ -11,14 +13,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from flwr.app import ArrayRecord
+from logging import INFO
 
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.common.logger import log
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+from flwr.serverapp import Grid
+from torch import nn
 
 from pflower.config import Settings
 from pflower.records import FlatSpec, to_record
+from pflower.sharing import GradualSharing
 from pflower.strategies.base import PflStrategy
-from pflower.strategies.validation import Reply
+from pflower.strategies.validation import ArraySpec, Reply
 
 
 def weighted_average(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -36,23 +43,43 @@ def robust_average(stacked: torch.Tensor, aggregation: str, trim_fraction: float
 
 
 class FedAvg(PflStrategy):
-    """Sample-weighted average of the uploaded arrays, one matrix product per round."""
+    """Sample-weighted average of the uploaded (and released) arrays, one matrix product per round."""
 
-    def __init__(self, settings: Settings, template: Mapping[str, torch.Tensor], upload_keys: Sequence[str]):
+    def __init__(
+        self,
+        settings: Settings,
+        template: Mapping[str, torch.Tensor],
+        upload_keys: Sequence[str],
+        sharing: GradualSharing | None = None,
+    ):
         super().__init__(settings, template, upload_keys)
-        self.spec = FlatSpec.of(template, upload_keys)
+        self.sharing = sharing or GradualSharing((tuple(upload_keys),), settings.gradual_interval)
         self.dtypes = {k: template[k].dtype for k in upload_keys}
         self.global_state = {k: template[k].detach().clone() for k in upload_keys}
-        self._record = to_record(self.global_state)
+        self._specs: dict[int, FlatSpec] = {}  # units shared -> flat layout of their keys
+        self._records: dict[int, ArrayRecord] = {}  # units shared -> their current global arrays
+        self._phase_now = len(self.sharing.units)
+
+    @classmethod
+    def from_model(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> "FedAvg":
+        return cls(settings, model.state_dict(), upload_keys, GradualSharing.of(model, upload_keys, settings.gradual_interval))
+
+    def _record(self, units: int) -> ArrayRecord:
+        if units not in self._records:
+            self._records[units] = to_record({k: self.global_state[k] for k in self.sharing.keys_of(units)})
+        return self._records[units]
 
     def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        return self._record
+        return self._record(self.sharing.sent_phase(server_round))
 
     def evaluate_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        return self._record
+        return self._record(self.sharing.phase(server_round))
 
     def global_arrays(self) -> ArrayRecord:
-        return self._record
+        return self._record(len(self.sharing.units))
+
+    def upload_spec_for(self, server_round: int) -> dict[str, ArraySpec]:
+        return {k: self.upload_spec[k] for k in self.sharing.keys(server_round)}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "global": dict(self.global_state)}
@@ -60,19 +87,34 @@ class FedAvg(PflStrategy):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.global_state = {k: state["global"][k].to(self.dtypes[k]) for k in self.dtypes}
-        self._record = to_record(self.global_state)
+        self._records.clear()
 
     def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
         return self.global_state
 
+    def round_extras(self) -> dict:
+        """With gradual sharing: the round's phase (how many layers it shared)."""
+        return {"phase": self._phase_now} if self.sharing.interval else {}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        if self.sharing.interval:
+            self._phase_now = p = self.sharing.phase(server_round)
+            log(INFO, "Gradual sharing, round %d: phase %d of %d, sharing layers up to '%s'",
+                server_round, p, len(self.sharing.units), self.sharing.layer_name(p - 1))
+        return super().configure_train(server_round, arrays, config, grid)
+
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         s = self.settings
-        stacked = self.spec.stack(r.arrays for r in replies).double()
+        units = self.sharing.phase(server_round)
+        if units not in self._specs:
+            self._specs[units] = FlatSpec.of(self.global_state, self.sharing.keys_of(units))
+        spec = self._specs[units]
+        stacked = spec.stack(r.arrays for r in replies).double()
         if s.aggregation == "mean":
             weights = torch.tensor([r.num_examples for r in replies], dtype=torch.float64)
             flat = weighted_average(stacked, weights)
         else:
             flat = robust_average(stacked, s.aggregation, s.trim_fraction)
-        avg = self.spec.unflatten(flat)
-        self.global_state = {k: v.to(self.dtypes[k]) for k, v in avg.items()}
-        self._record = to_record(self.global_state)
+        for k, v in spec.unflatten(flat).items():
+            self.global_state[k] = v.to(self.dtypes[k])
+        self._records.clear()

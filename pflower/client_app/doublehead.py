@@ -1,0 +1,29 @@
+"""Double-head client: the base and the global head are federated, the local head never leaves.
+
+Both heads learn from every minibatch, each with its own cross-entropy on the shared base's
+features; the prediction takes the more confident head per class (:mod:`pflower.models.doublehead`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.datasets import Split
+from pflower.models import DoubleHead, keys_under
+
+
+def two_heads_loss(model: DoubleHead, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    global_logits, local_logits = model.heads(x)
+    return F.cross_entropy(global_logits, y) + F.cross_entropy(local_logits, y)
+
+
+class DoubleHeadClient(ClientMethod):
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        local = set(keys_under(model, "local_head"))
+        return [k for k in super().upload_keys(model) if k not in local]
+
+    def fit(self, model: DoubleHead, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
+        return self._train(model, data, seed, epochs=self.settings.local_epochs, loss_fn=two_heads_loss)
