@@ -180,6 +180,7 @@ class Deployment:
         self.net = Network(tag, ["link", *(f"node{i}" for i in range(nodes))], subnet) if netns else None
         self.flwr_home = self.dir / "flwr-home"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.node_ids: dict[int, str] = {}  # SuperNode i -> its registered node id (with authentication)
         self.ports = dict(NETNS_PORTS) if netns else {k: _free_port() for k in NETNS_PORTS}
 
     # where things are
@@ -227,7 +228,7 @@ class Deployment:
             self._start_superlink()
             for i in range(self.nodes):
                 if self.auth:
-                    self.register(self.dir / "pki" / "keys" / f"node{i}.pub")
+                    self.node_ids[i] = self.register(self.dir / "pki" / "keys" / f"node{i}.pub")
                 self.start_node(i)
         except BaseException:
             self.stop()
@@ -281,20 +282,47 @@ class Deployment:
                 raise SystemExit("flower-superlink did not start within 60 s")
             time.sleep(0.2)
 
-    def register(self, public_key: Path) -> None:
-        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``).
+    def _flwr_json(self, *args: str) -> tuple[dict | None, str]:
+        """``flwr <args> <connection> --format json``: (its JSON reply or None, its whole output)."""
+        out = subprocess.run([_bin("flwr"), *args, CONNECTION, "--format", "json"],
+                             env=self._env(), cwd=self.dir, capture_output=True, text=True, check=False)  # fmt: skip
+        text = out.stdout + out.stderr
+        if out.returncode != 0 or "{" not in out.stdout:
+            return None, text
+        try:
+            return json.loads(out.stdout[out.stdout.index("{") :]), text
+        except json.JSONDecodeError:
+            return None, text
+
+    def register(self, public_key: Path) -> str:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``); its node id.
 
         Retried for up to a minute while the SuperLink's API is still starting up.
         """
         deadline = time.monotonic() + 60
         while True:
-            out = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
-                                 env=self._env(), cwd=self.dir, capture_output=True, text=True, check=False)  # fmt: skip
-            if out.returncode == 0:
-                return
-            if "unavailable" not in out.stdout + out.stderr or time.monotonic() > deadline:
-                raise SystemExit(f"could not register {public_key}: {out.stdout}{out.stderr}")
+            reply, out = self._flwr_json("supernode", "register", str(public_key))
+            if reply is not None and reply.get("success"):
+                return str(reply["node-id"])
+            if "unavailable" not in out.lower() or time.monotonic() > deadline:
+                raise SystemExit(f"could not register {public_key}: {out}")
             time.sleep(1)
+
+    def node_status(self, i: int) -> str:
+        """What the SuperLink says of authenticated SuperNode ``i``: 'online', 'offline', 'registered', ..."""
+        reply, out = self._flwr_json("supernode", "ls")
+        if reply is None:
+            raise RuntimeError(f"flwr supernode ls failed: {out[-500:]}")
+        return next((n["status"] for n in reply["nodes"] if n["node-id"] == self.node_ids[i]), "unknown")
+
+    def wait_status(self, i: int, wanted: set[str], timeout: float) -> str:
+        """Poll :meth:`node_status` until it is one of ``wanted``; the status, or TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while (status := self.node_status(i)) not in wanted:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"SuperNode {i} is '{status}' after {timeout:.0f} s, not {sorted(wanted)}")
+            time.sleep(1)
+        return status
 
     def node_config(self, i: int) -> str:
         state = self.dir / "state" / f"node{i}"
@@ -312,18 +340,29 @@ class Deployment:
         return self._spawn(name or f"node{i}", cmd)
 
     def restart_node(self, i: int, timeout: float = 240) -> subprocess.Popen:
-        """Start SuperNode ``i`` again until it stays up, as a supervisor would.
+        """Start crashed SuperNode ``i`` again, as a supervisor would; returns once it is back.
 
         With authentication the node keeps its node id (its key), and the SuperLink refuses it
-        while the crashed process still counts as online (up to 2 heartbeats, about a minute).
+        while the crashed process still counts as online (until its heartbeats lapse, about a
+        minute): so first wait for the SuperLink to mark it offline, then start it and wait
+        until it is online. Without authentication it comes back under a new node id and is
+        back when it stays up.
         """
         deadline = time.monotonic() + timeout
+        if self.auth:
+            self.wait_status(i, {"offline"}, timeout)
         while True:
             proc = self.start_node(i)
             try:
+                if self.auth:
+                    self.wait_status(i, {"online"}, min(60.0, max(1.0, deadline - time.monotonic())))
+                    return proc
                 proc.wait(8)
-            except subprocess.TimeoutExpired:
-                return proc
+            except (subprocess.TimeoutExpired, TimeoutError):
+                if not self.auth:
+                    return proc
+            if proc.poll() is None:
+                stop(proc)
             if time.monotonic() > deadline:
                 raise SystemExit(f"SuperNode {i} did not come back within {timeout:.0f} s:\n{self.log(f'node{i}')[-1500:]}")
             time.sleep(5)

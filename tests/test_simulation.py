@@ -18,6 +18,7 @@ METHOD_CONFIGS = {
     "pfedla": "",
     "heurpfedla": "top-k=1",
     "superfed": "superfed-mixing='layer' superfed-start=0.3",
+    "doublehead": "gradual-interval=1 test-mode='both'",
 }
 
 
@@ -40,6 +41,10 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
         else:
             assert r["bytes-down"] > 0 and r["bytes-up"] > 0
     assert rounds[-1]["accuracy"] > 0.3  # learned something in 3 rounds on digits
+    if method == "doublehead":  # one more layer released each round, both test modes
+        assert [r["phase"] for r in rounds] == [1, 2, 3]
+        assert [r["bytes-up"] for r in rounds] == sorted({r["bytes-up"] for r in rounds})
+        assert all(0.0 <= r["global-accuracy"] <= 1.0 for r in rounds)
     assert sorted(doc["final"]["per-client-accuracy"]) == ["0", "1", "2"]
     assert (results / "accuracy.png").exists()
     assert "[round 3/3] accuracy" in log
