@@ -64,7 +64,6 @@ def test_wrong_shapes_from_one_supernode_are_rejected(deployment, tmp_path):
     assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 2 and all(r["missing"] == [] for r in rounds)
 
 
-@pytest.mark.restart  # flaky under load (Flower 1.39 re-admits the node only after its heartbeats lapse): run with -m restart
 def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(deployment, tmp_path):
     """Node 0 is killed as round 2 of 4 starts and restarted as a supervisor would: with its key
     the SuperLink lets it back in once its old heartbeats lapse (about a minute), so it misses
