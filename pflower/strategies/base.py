@@ -286,6 +286,40 @@ class PflStrategy(Strategy):
         missing = sorted(self.client_of[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered)
         return replies, down, up, missing
 
+    def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, evaluate_config: dict, result: Result) -> dict:
+        """One round: train the sampled clients, aggregate, then every client evaluates.
+
+        Records train metrics and arrays in ``result`` (evaluation through :meth:`evaluate_phase`)
+        and returns this round's traffic for metrics.json (bytes, sampled, missing).
+        """
+        msgs = self.configure_train(rnd, self.global_arrays(), ConfigRecord({**config, **train_config}), grid)
+        sampled = len(msgs)
+        replies, down, up, silent = self._phase(grid, msgs)
+        del msgs  # sent: free them before aggregation
+        arrays, train_metrics = self.aggregate_train(rnd, replies)
+        if train_metrics["replies"] < self.settings.min_replies:
+            raise RoundFailedError(self._failure(rnd, sampled, int(train_metrics["replies"]), silent))
+        result.train_metrics_clientapp[rnd] = train_metrics
+        result.arrays = arrays or result.arrays
+        e_down, e_up, e_silent = self.evaluate_phase(grid, rnd, {**config, **evaluate_config}, result)
+        return {
+            "train-loss": train_metrics["train-loss"],
+            "bytes-down": down + e_down,
+            "bytes-up": up + e_up,
+            "sampled": sampled,
+            "missing": sorted(set(silent) | set(e_silent)),
+        }
+
+    def evaluate_phase(self, grid: Grid, rnd: int, config: dict, result: Result) -> tuple[int, int, list[int]]:
+        """Every known client evaluates; the aggregate goes to ``result``. (bytes down, bytes up, missing)."""
+        self.query_new_nodes(grid, self.settings.round_timeout)  # e.g. a client that died in training and is back
+        msgs = self.configure_evaluate(rnd, self.global_arrays(), ConfigRecord(config), grid)
+        replies, down, up, silent = self._phase(grid, msgs)
+        ev = self.aggregate_evaluate(rnd, replies)
+        if ev is not None:
+            result.evaluate_metrics_clientapp[rnd] = ev
+        return down, up, silent
+
     def start(
         self,
         grid: Grid,
@@ -326,25 +360,9 @@ class PflStrategy(Strategy):
                 self.query_new_nodes(grid, timeout)
             self.rejected.clear()
             self.problems.clear()
-            config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(train_config) if train_config else {})})
-            msgs = self.configure_train(rnd, self.global_arrays(), config, grid)
-            sampled = len(msgs)
-            replies, down, up, silent = self._phase(grid, msgs)
-            del msgs  # sent: free them before aggregation
-            arrays, train_metrics = self.aggregate_train(rnd, replies)
-            if train_metrics["replies"] < s.min_replies:
-                raise RoundFailedError(self._failure(rnd, sampled, int(train_metrics["replies"]), silent))
-            result.train_metrics_clientapp[rnd] = train_metrics
-            result.arrays = arrays or result.arrays
-
-            self.query_new_nodes(grid, timeout)  # e.g. a client that died in training and is back
-            eval_config = ConfigRecord({"server-round": rnd, "lineage": lineage, **(dict(evaluate_config) if evaluate_config else {})})
-            msgs = self.configure_evaluate(rnd, self.global_arrays(), eval_config, grid)
-            eval_replies, e_down, e_up, e_silent = self._phase(grid, msgs)
-            ev = self.aggregate_evaluate(rnd, eval_replies)
-            if ev is not None:
-                result.evaluate_metrics_clientapp[rnd] = ev
-            ev = ev or {}
+            config = {"server-round": rnd, "lineage": lineage}
+            row = self.run_round(grid, rnd, config, dict(train_config or {}), dict(evaluate_config or {}), result)
+            ev = result.evaluate_metrics_clientapp.get(rnd) or {}
             recorder.add_round(
                 {
                     "round": rnd,
@@ -354,12 +372,8 @@ class PflStrategy(Strategy):
                     "top5-accuracy": ev.get("top5-accuracy"),
                     "ece": ev.get("ece"),
                     "mce": ev.get("mce"),
-                    "train-loss": train_metrics["train-loss"],
-                    "bytes-down": down + e_down,
-                    "bytes-up": up + e_up,
+                    **row,
                     "wall-seconds": time.perf_counter() - t0,
-                    "sampled": sampled,
-                    "missing": sorted(set(silent) | set(e_silent)),
                     "rejected": dict(self.rejected),
                     "per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items())},
                     **({"global-accuracy": ev["global-accuracy"]} if "global-accuracy" in ev else {}),
