@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed", "doublehead"]
+Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed", "doublehead", "federico"]
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
@@ -103,6 +103,10 @@ class Settings(BaseModel):
     superfed_nu: float = Field(1.0, ge=0)
     superfed_start: float = Field(0.4, ge=0, le=1)
     gradual_interval: int = Field(0, ge=0)
+    overlay_view_size: int = Field(4, ge=1)
+    federico_neighbours: int = Field(3, ge=1)
+    federico_epsilon: float = Field(0.3, ge=0, le=1)
+    federico_momentum: float = Field(0.5, gt=0, le=1)
 
     @property
     def num_classes(self) -> int:

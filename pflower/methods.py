@@ -5,6 +5,7 @@ from __future__ import annotations
 from pflower.client_app.base import ClientMethod
 from pflower.client_app.doublehead import DoubleHeadClient
 from pflower.client_app.fedbn import FedBNClient
+from pflower.client_app.federico import FedericoClient
 from pflower.client_app.fedper import FedPerClient
 from pflower.client_app.fedprox import FedProxClient
 from pflower.client_app.fedrep import FedRepClient
@@ -13,7 +14,7 @@ from pflower.client_app.pfedla import PFedLAClient
 from pflower.client_app.superfed import SuperFedClient
 from pflower.config import Settings
 from pflower.models import build_model
-from pflower.strategies import FedAvg, Local, PFedLA, PflStrategy, SuperFed
+from pflower.strategies import FedAvg, FedericoRelay, Local, PFedLA, PflStrategy, SuperFed
 
 METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "fedavg": (ClientMethod, FedAvg),
@@ -26,6 +27,7 @@ METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "heurpfedla": (PFedLAClient, PFedLA),
     "superfed": (SuperFedClient, SuperFed),
     "doublehead": (DoubleHeadClient, FedAvg),
+    "federico": (FedericoClient, FedericoRelay),
 }
 
 

@@ -21,6 +21,17 @@ def from_record(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
 
 
+def check_state(got: dict[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``got`` if its keys are known to ``reference`` and its shapes match; ValueError naming the first problem."""
+    unknown = sorted(set(got) - set(reference))
+    if unknown:
+        raise ValueError(f"message carries arrays this model does not have: {unknown[:5]}")
+    for k, v in got.items():
+        if v.shape != reference[k].shape:
+            raise ValueError(f"array '{k}' has shape {tuple(v.shape)}, the model needs {tuple(reference[k].shape)}")
+    return got
+
+
 def payload_bytes(content: RecordDict) -> int:
     """Bytes of array payload in a message: what the model costs on the wire."""
     return sum(len(a.data) for rec in content.array_records.values() for a in rec.values())

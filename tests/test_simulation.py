@@ -19,6 +19,7 @@ METHOD_CONFIGS = {
     "heurpfedla": "top-k=1",
     "superfed": "superfed-mixing='layer' superfed-start=0.3",
     "doublehead": "gradual-interval=1 test-mode='both'",
+    "federico": "partition='label-groups'",
 }
 
 
@@ -41,6 +42,9 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
         else:
             assert r["bytes-down"] > 0 and r["bytes-up"] > 0
     assert rounds[-1]["accuracy"] > 0.3  # learned something in 3 rounds on digits
+    if method == "federico":  # the relay's four steps, and every client's collaboration weights
+        assert all(set(r["relayed-bytes"]) == {"plan", "serve", "use", "update"} for r in rounds)
+        assert sorted(rounds[-1]["collaboration-weights"]) == ["0", "1", "2"]
     if method == "doublehead":  # one more layer released each round, both test modes
         assert [r["phase"] for r in rounds] == [1, 2, 3]
         assert [r["bytes-up"] for r in rounds] == sorted({r["bytes-up"] for r in rounds})

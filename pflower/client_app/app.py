@@ -28,7 +28,7 @@ from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
 from pflower import methods
 from pflower.models import build_model
-from pflower.records import from_record, to_record
+from pflower.records import check_state, from_record, to_record
 from pflower.sharing import GradualSharing
 from pflower.training import device
 
@@ -136,15 +136,7 @@ def _received(msg: Message, model: nn.Module) -> dict[str, torch.Tensor]:
     """The arrays of a message, checked against the model: known keys, matching shapes."""
     if "arrays" not in msg.content.array_records:
         return {}
-    got = from_record(msg.content.array_records["arrays"])
-    state = model.state_dict()
-    unknown = sorted(set(got) - set(state))
-    if unknown:
-        raise ValueError(f"message carries arrays this model does not have: {unknown[:5]}")
-    for k, v in got.items():
-        if v.shape != state[k].shape:
-            raise ValueError(f"array '{k}' has shape {tuple(v.shape)}, the model needs {tuple(state[k].shape)}")
-    return got
+    return check_state(from_record(msg.content.array_records["arrays"]), model.state_dict())
 
 
 def _config(msg: Message) -> ConfigRecord:
@@ -189,5 +181,27 @@ def evaluate_(msg: Message, context: Context) -> Message:
     model = rt.personal_model(context, msg)
     trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
-    metrics = rt.evaluate(model, trained)
-    return Message(RecordDict({"metrics": MetricRecord({**metrics, "client-id": rt.client_id})}), reply_to=msg)
+    metrics = rt.evaluate(rt.method.predictor(model, context.state), trained)
+    reply = MetricRecord({**metrics, **rt.method.report(context.state), "client-id": rt.client_id})
+    return Message(RecordDict({"metrics": reply}), reply_to=msg)
+
+
+@app.train("relay")
+def relay(msg: Message, context: Context) -> Message:
+    """One step of a protocol the clients run among themselves through the server (FedeRiCo).
+
+    The step (``phase`` in the config) reads what the server forwarded and answers with what it
+    asks the server to forward; the model goes back into the personal state after every step,
+    and to disk after the last step of a round.
+    """
+    rt = runtime(context)
+    model = rt.personal_model(context, msg)
+    phase = str(_config(msg).get("phase", ""))
+    out = rt.method.relay_step(phase, model, rt.train, msg.content, context.state, rt.client_id, rt.num_clients, _round(msg))
+    if phase == rt.method.LAST_STEP:
+        rt.save(context, msg)
+    else:
+        context.state[PERSONAL] = to_record(model.state_dict())
+    out["metrics"] = out.metric_records.get("metrics", MetricRecord())
+    out["metrics"]["client-id"] = rt.client_id
+    return Message(out, reply_to=msg)

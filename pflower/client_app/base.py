@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from flwr.app import RecordDict
 from torch import nn
 
 from pflower.config import Settings
@@ -36,6 +37,24 @@ class ClientMethod:
     def evaluate(self, model: nn.Module, train: Split, test: Split, trained: bool) -> dict[str, float | int]:
         """Reply metrics of the personalized model on the test split (``trained``: it has trained before)."""
         return evaluate(model, test).metrics()
+
+    #: The step of :meth:`relay_step` that ends a client's round (its state is saved after it).
+    LAST_STEP = ""
+
+    def relay_step(
+        self, phase: str, model: nn.Module, data: Split, incoming: RecordDict, state: RecordDict,
+        client_id: int, num_clients: int, server_round: int,
+    ) -> RecordDict:  # fmt: skip
+        """One step of a client-to-client protocol relayed by the server (only FedeRiCo has one)."""
+        raise ValueError(f"method '{self.settings.method}' has no relayed protocol (step {phase!r})")
+
+    def predictor(self, model: nn.Module, state: RecordDict) -> nn.Module:
+        """What predicts for this client (default: its personalized model)."""
+        return model
+
+    def report(self, state: RecordDict) -> dict:
+        """Extra evaluation-reply metrics from the personal state (default: none)."""
+        return {}
 
     def _train(self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy) -> float:
         s = self.settings

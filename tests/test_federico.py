@@ -1,0 +1,196 @@
+"""FedeRiCo: the overlay, the client's EM pieces, and the relay (in process)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, MessageType
+from flwr.app import RecordDict
+
+from conftest import run_config
+from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, track
+from pflower.config import load_settings
+from pflower.methods import build_strategy
+from pflower.overlay import View
+from pflower.strategies.federico import RELAY, FedericoRelay
+
+
+# ------------------------------------------------------------------ overlay
+def test_view_merge_keeps_the_youngest_entries_never_itself():
+    v = View(0, 3, {1: 5, 2: 1})
+    v.merge({0: 0, 1: 2, 3: 4, 4: 0})
+    assert v.ages == {1: 2, 2: 1, 4: 0}  # 3 (age 4) is the oldest of four: dropped
+    v.tick()
+    assert v.ages == {1: 3, 2: 2, 4: 1} and v.oldest() == 1
+    buf = v.shuffle_buffer(np.random.default_rng(0), partner=1)
+    assert buf[0] == 0 and 1 not in buf and len(buf) == 1  # itself plus size//2 - 1 = 0 others
+    v.remove(1)
+    assert v.peers == [2, 4]
+
+
+def _gossip(views: dict[int, View], rounds: int, rng: np.random.Generator, alive=None) -> None:
+    """The overlay alone, as the FedeRiCo steps run it: plan (tick, buffer), serve (reply, merge), use (merge)."""
+    for _ in range(rounds):
+        alive_now = set(views) if alive is None else alive
+        plans = {}
+        for i in sorted(alive_now):
+            views[i].tick()
+            p = views[i].oldest()
+            plans[i] = (p, views[i].shuffle_buffer(rng, p))
+        replies = {}
+        for i, (p, buf) in sorted(plans.items()):
+            if p in alive_now:
+                replies[i] = views[p].reply_buffer(rng, i)
+                views[p].merge(buf)
+        for i, (p, _) in sorted(plans.items()):
+            if p is None:
+                continue
+            if i in replies:
+                views[i].merge(replies[i])
+            else:
+                views[i].remove(p)
+
+
+def _connected(views: dict[int, View], members: set[int]) -> bool:
+    seen, todo = set(), [min(members)]
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        todo += [j for j in views[i].peers if j in members]
+        todo += [j for j in members if i in views[j].peers]
+    return seen == members
+
+
+def test_gossip_fills_partial_views_drops_the_dead_and_admits_newcomers():
+    n, size = 30, 5
+    rng = np.random.default_rng(0)
+    views = {i: View(i, size, {(i + 1) % n: 0}) for i in range(n)}  # each knows one contact
+    _gossip(views, 15, rng)
+    assert all(len(v.peers) == size for v in views.values())  # partial: 5 of 29
+    assert _connected(views, set(range(n)))
+    degree = np.bincount([j for v in views.values() for j in v.peers], minlength=n)
+    assert degree.min() >= 1  # everyone is known by someone
+    alive = set(range(n)) - {7}
+    _gossip(views, 25, rng, alive)
+    assert not [i for i in alive if 7 in views[i].peers]  # the dead client left every view
+    views[n] = View(n, size, {3: 0})  # a newcomer that knows one peer
+    _gossip(views, 10, rng, alive | {n})
+    assert len(views[n].peers) == size and any(n in views[i].peers for i in alive)
+
+
+# ------------------------------------------------------------------ EM pieces
+def test_weights_are_softmax_of_minus_the_tracked_ema_losses():
+    losses = track({}, {0: 1.0, 2: 3.0}, beta=0.5)
+    assert losses == {0: 1.0, 2: 3.0}
+    losses = track(losses, {2: 1.0, 5: 0.5}, beta=0.5)
+    assert losses == {0: 1.0, 2: 2.0, 5: 0.5}
+    w = collaboration_weights(losses)
+    expected = torch.softmax(-torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64), 0)
+    assert list(w) == [0, 2, 5] and np.allclose(list(w.values()), expected.numpy())
+
+
+def test_epsilon_zero_picks_the_top_weight_peers():
+    weights = {0: 0.1, 1: 0.05, 2: 0.4, 3: 0.3, 4: 0.15}
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        assert choose_neighbours(0, weights, [1, 5, 6], 3, 0.0, rng) == [2, 3, 4]
+    explored = {tuple(choose_neighbours(0, weights, [1, 5, 6], 2, 1.0, rng)) for _ in range(30)}
+    assert all(set(c) <= {1, 5, 6} and len(set(c)) == 2 for c in explored) and len(explored) > 1
+    assert choose_neighbours(0, {0: 1.0}, [3], 3, 0.0, rng) == [3]  # nothing tracked yet: the view
+
+
+def test_mixture_is_the_weighted_average_of_the_members_softmax():
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    m = Mixture([a, b], [1.0, 3.0])
+    expected = 0.25 * a(x).softmax(1) + 0.75 * b(x).softmax(1)
+    assert torch.allclose(m(x).exp(), expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------ the relay, in process
+def _run(grid_factory, tmp_path, n, rounds, **kw):
+    cfg = run_config(method="federico", num_server_rounds=rounds, local_epochs=1, results_dir=str(tmp_path), **kw)
+    strategy = build_strategy(load_settings(cfg))
+    plans = {}
+
+    def tamper(cid, reply):
+        if reply.metadata.message_type == RELAY and "plan" in reply.content.config_records:
+            plans.setdefault(cid, []).append([int(j) for j in reply.content["plan"]["neighbours"]])
+        return reply
+
+    grid = grid_factory(cfg, n, tamper=tamper)
+    held = []
+    real = strategy.run_round
+
+    def run_round(*args, **kwargs):  # after every round: does the server hold a model?
+        row = real(*args, **kwargs)
+        held.append(_tensors(vars(strategy)))
+        return row
+
+    strategy.run_round = run_round
+    strategy.start(grid=grid)
+    return strategy, grid, json.loads((tmp_path / "metrics.json").read_text()), plans, held
+
+
+def _tensors(obj, depth=0) -> int:
+    """How many tensors, arrays or array records ``obj`` reaches."""
+    if isinstance(obj, (torch.Tensor, np.ndarray, Array, ArrayRecord)):
+        return 1
+    if depth > 6:
+        return 0
+    if isinstance(obj, RecordDict):
+        return len(obj.array_records)
+    if isinstance(obj, dict):
+        return sum(_tensors(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple, set)):
+        return sum(_tensors(v, depth + 1) for v in obj)
+    return 0
+
+
+def test_relay_holds_no_model_and_clients_get_only_the_models_they_chose(grid_factory, tmp_path):
+    n, rounds = 5, 3
+    strategy, grid, doc, plans, held = _run(grid_factory, tmp_path, n, rounds, partition="label-groups", label_groups=2)
+    assert isinstance(strategy, FedericoRelay) and held == [0] * rounds
+    use = [m for m in grid.sent if m.metadata.message_type == RELAY and m.content["config"]["phase"] == "use"]
+    assert len(use) == n * rounds
+    for r in range(rounds):
+        for msg in use[n * r : n * (r + 1)]:
+            cid = grid.contexts[msg.metadata.dst_node_id].node_config["partition-id"]
+            got = sorted(int(k.removeprefix("model-")) for k in msg.content.array_records)
+            assert got and set(got) <= set(plans[cid][r])
+    for row in doc["rounds"]:
+        assert set(row["relayed-bytes"]) == {"plan", "serve", "use", "update"}
+        assert row["relayed-bytes"]["plan"] == 0 and row["relayed-bytes"]["use"] > 0
+        assert set(row["collaboration-weights"]) == {str(i) for i in range(n)}
+        for w in row["collaboration-weights"].values():
+            assert sum(w.values()) == pytest.approx(1.0)
+    assert [m.metadata.message_type for m in grid.sent].count(MessageType.EVALUATE) == n * rounds
+
+
+def test_a_client_unlike_everyone_keeps_most_weight_on_itself(grid_factory, tmp_path):
+    # 5 clients in 3 disjoint label groups: two pairs and one client alone with its labels.
+    cfg = load_settings(run_config(partition="label-groups", label_groups=3))
+    from pflower.datasets import federated_indices
+
+    groups = federated_indices(cfg, 5).groups
+    alone = [i for i in range(5) if (groups == groups[i]).sum() == 1]
+    assert len(alone) == 1
+    _, _, doc, _, _ = _run(grid_factory, tmp_path, 5, 6, partition="label-groups", label_groups=3)
+    weights = doc["rounds"][-1]["collaboration-weights"]
+    me = str(alone[0])
+    assert weights[me][me] > 0.5
+    for c, w in weights.items():  # everyone: more weight on its own group than on the others
+        same = sum(v for j, v in w.items() if groups[int(j)] == groups[int(c)])
+        assert same > 0.5, (c, w)
+    assert weights[me][me] > 0.5
+
+
+def test_federico_is_deterministic_for_a_seed(grid_factory, tmp_path):
+    _, _, a, _, _ = _run(grid_factory, tmp_path / "a", 4, 2)
+    _, _, b, _, _ = _run(grid_factory, tmp_path / "b", 4, 2)
+    for ra, rb in zip(a["rounds"], b["rounds"]):
+        assert ra["per-client-accuracy"] == rb["per-client-accuracy"]
+        assert ra["collaboration-weights"] == rb["collaboration-weights"]
