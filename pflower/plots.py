@@ -89,8 +89,30 @@ def plot_lambda_curves(rounds: list[dict[str, Any]], path: Path, title: str) -> 
     plt.close(fig)
 
 
+def weight_matrix(weights: dict[str, dict[str, float]]) -> np.ndarray:
+    """FedeRiCo's ``collaboration-weights`` of one round as a client x client matrix (0 where untracked)."""
+    n = 1 + max(int(k) for row in weights.values() for k in [*row, *weights])
+    w = np.zeros((n, n))
+    for i, row in weights.items():
+        for j, v in row.items():
+            w[int(i), int(j)] = v
+    return w
+
+
+def plot_collaboration(w: np.ndarray, path: Path, title: str) -> None:
+    """Row i: client i's weights over the clients whose models it tracks (the paper's Fig. 3)."""
+    fig, ax = plt.subplots(figsize=(5, 4.3))
+    im = ax.imshow(w, cmap="viridis", vmin=0, vmax=max(float(w.max()), 1e-9))
+    ax.set(xlabel="collaborator j", ylabel="client i", title=title, xticks=range(len(w)), yticks=range(len(w)))
+    fig.colorbar(im, ax=ax, label="w_ij")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
-    """Every figure one run's metrics support: accuracy per round, pFedLA's weights, SuPerFed's lambda curve."""
+    """Every figure one run's metrics support: accuracy per round, pFedLA's weights, SuPerFed's lambda
+    curve, FedeRiCo's collaboration weights."""
     cfg, rounds = doc["config"], doc["rounds"]
     name = cfg["method"]
     drawn = [directory / "accuracy.png"]
@@ -106,6 +128,10 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
     if any("lambda-curve" in r for r in rounds):
         drawn.append(directory / "lambda.png")
         plot_lambda_curves(rounds, drawn[-1], f"{name} ({cfg.get('superfed-mixing', '')} mixing): accuracy vs lambda")
+    with_w = [r for r in rounds if r.get("collaboration-weights")]
+    if with_w:
+        drawn.append(directory / "collaboration-weights.png")
+        plot_collaboration(weight_matrix(with_w[-1]["collaboration-weights"]), drawn[-1], f"{name}: weights, round {with_w[-1]['round']}")
     return drawn
 
 

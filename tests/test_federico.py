@@ -168,6 +168,7 @@ def test_relay_holds_no_model_and_clients_get_only_the_models_they_chose(grid_fa
         for w in row["collaboration-weights"].values():
             assert sum(w.values()) == pytest.approx(1.0)
     assert [m.metadata.message_type for m in grid.sent].count(MessageType.EVALUATE) == n * rounds
+    assert (tmp_path / "collaboration-weights.png").stat().st_size > 5000
 
 
 def test_a_client_unlike_everyone_keeps_most_weight_on_itself(grid_factory, tmp_path):
