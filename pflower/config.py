@@ -78,6 +78,7 @@ class Settings(BaseModel):
     local_epochs: int = Field(5, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.1, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     seed: int = Field(0, ge=0)

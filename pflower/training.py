@@ -46,17 +46,21 @@ def train(
     seed: int,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
+    optimizer: str = "sgd",
     params: Iterable[nn.Parameter] | None = None,
     loss_fn: LossFn = cross_entropy,
 ) -> float:
-    """SGD over ``data`` for ``epochs``; returns the mean minibatch loss.
+    """SGD (or Adam, ``optimizer='adam'``) over ``data`` for ``epochs``; returns the mean minibatch loss.
 
     ``params`` limits what the optimizer moves (default: every parameter); ``seed`` fixes the
     minibatch order, so a client's update is reproducible.
     """
     dev = next(model.parameters()).device
     params = list(model.parameters() if params is None else params)
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed)
     model.train()
     total, count = 0.0, 0

@@ -15,6 +15,10 @@ def test_pyproject_defaults_are_the_model_defaults():
     "key,value,fragment",
     [
         ("method", "fedsomething", "'fedavg'"),
+        ("optimizer", "rmsprop", "'sgd' or 'adam'"),
+        ("test-mode", "everywhere", "'local', 'global' or 'both'"),
+        ("gradual-interval", -1, "greater than or equal to 0"),
+        ("federico-epsilon", 1.5, "less than or equal to 1"),
         ("lr", -0.1, "greater than 0"),
         ("fraction-train", 0.0, "greater than 0"),
         ("fraction-train", 1.5, "less than or equal to 1"),

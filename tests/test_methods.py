@@ -189,3 +189,18 @@ def test_full_run_in_process_writes_metrics(grid_factory, tmp_path, method):
         assert doc["final"]["bytes-down"] == doc["final"]["bytes-up"] == 0
     else:
         assert doc["rounds"][0]["bytes-up"] > 0
+
+
+def test_adam_is_a_choice_of_the_one_training_loop():
+    settings = load_settings(run_config())
+    from pflower.datasets import Split
+
+    data = Split(torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,)))
+    results = {}
+    for opt in ("sgd", "adam"):
+        model = _model(settings)
+        before = training.evaluate(model, data).loss
+        training.train(model, data, epochs=3, batch_size=16, lr=0.01, seed=0, optimizer=opt)
+        results[opt] = model.state_dict()["head.weight"]
+        assert training.evaluate(model, data).loss < before
+    assert not torch.equal(results["sgd"], results["adam"])

@@ -65,6 +65,7 @@ class ClientMethod:
             batch_size=s.batch_size,
             lr=s.lr,
             momentum=s.momentum,
+            optimizer=s.optimizer,
             weight_decay=s.weight_decay,
             seed=seed,
             params=params,
