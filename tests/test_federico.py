@@ -194,3 +194,23 @@ def test_federico_is_deterministic_for_a_seed(grid_factory, tmp_path):
     for ra, rb in zip(a["rounds"], b["rounds"]):
         assert ra["per-client-accuracy"] == rb["per-client-accuracy"]
         assert ra["collaboration-weights"] == rb["collaboration-weights"]
+
+
+def test_a_client_that_drops_out_leaves_every_view_and_the_rounds_go_on(grid_factory, tmp_path):
+    cfg = run_config(method="federico", num_server_rounds=6, local_epochs=1, results_dir=str(tmp_path), overlay_view_size=3)
+    strategy = build_strategy(load_settings(cfg))
+    grid = grid_factory(cfg, 6)
+    real = strategy.run_round
+
+    def run_round(grid_, rnd, *args, **kwargs):
+        if rnd == 2:
+            grid.offline.add(105)  # client 5's SuperNode is gone from round 2 on
+        return real(grid_, rnd, *args, **kwargs)
+
+    strategy.run_round = run_round
+    strategy.start(grid=grid)
+    rounds = json.loads((tmp_path / "metrics.json").read_text())["rounds"]
+    assert rounds[0]["missing"] == [] and all(r["missing"] == [5] for r in rounds[1:])
+    assert all(sorted(r["per-client-accuracy"]) == ["0", "1", "2", "3", "4"] for r in rounds[1:])
+    views = {c.node_config["partition-id"]: list(c.state["federico"]["view-ids"]) for n, c in grid.contexts.items() if n != 105}
+    assert all(5 not in v and len(v) > 0 for v in views.values()), views
