@@ -148,6 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def plot_mean_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Per method, the mean over its seeds of the final-mean accuracy per round."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, docs in runs.items():
+        n = min(len(d["rounds"]) for d in docs)
+        acc = np.array([[r["accuracy"] or 0.0 for r in d["rounds"][:n]] for d in docs])
+        ax.plot(range(1, n + 1), acc.mean(0), marker="o", ms=2.5, label=label)
+    ax.set(xlabel="round", ylabel="test accuracy (mean over clients and seeds)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def run_label(doc: dict[str, Any]) -> str:
     """A run's legend entry: its method, and its gradual-sharing interval if any."""
     cfg = doc["config"]

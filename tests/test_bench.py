@@ -1,0 +1,63 @@
+"""The benchmark harness: suite files, resumable execution on real Flower, tables and README block."""
+
+import json
+
+import pytest
+
+from pflower.bench import execute, load_suite, ordering_sentence, report
+
+pytestmark = pytest.mark.xdist_group("simulation")
+
+SUITE = """
+[tiny]
+seeds = [0, 1]
+[tiny.common]
+num-server-rounds = 1
+local-epochs = 1
+[[tiny.grid]]
+name = "g"
+title = "digits, 3 clients"
+clients = 3
+config = { partition = "iid" }
+methods = ["local", { label = "fedavg-slow", method = "fedavg", lr = 0.01 }]
+paper = { text = "numbers of the paper.", order = ["fedavg-slow", "local"] }
+"""
+
+
+def test_suite_file_expands_to_runs(tmp_path):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    suite, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    assert [(r.label, r.seed) for r in runs] == [("local", 0), ("local", 1), ("fedavg-slow", 0), ("fedavg-slow", 1)]
+    assert runs[2].config == {"num-server-rounds": 1, "local-epochs": 1, "partition": "iid", "method": "fedavg", "lr": 0.01, "seed": 0}
+    assert runs[0].clients == 3
+    with pytest.raises(SystemExit, match="suite 'huge' not in"):
+        load_suite(tmp_path / "suites.toml", "huge")
+
+
+def test_ordering_sentence():
+    rows = [{"method": "a", "accuracy": [0.9]}, {"method": "b", "accuracy": [0.8]}, {"method": "c", "accuracy": [0.95]}]
+    assert ordering_sentence(rows, ["c", "a", "b"]) == "Our ordering (c > a > b) agrees with the paper's."
+    assert ordering_sentence(rows, ["a", "c"]) == "Our ordering (c > a) differs from the paper's (a > c)."
+    assert ordering_sentence(rows, ["a"]) == ""
+
+
+def test_a_suite_runs_on_flower_resumes_and_writes_its_tables(tmp_path, capsys):
+    suite_file = tmp_path / "suites.toml"
+    suite_file.write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', '{ label'))
+    suite, runs = load_suite(suite_file, "tiny")
+    results = tmp_path / "results"
+    execute(runs, results, "tiny")
+    doc = json.loads((runs[0].directory(results, "tiny") / "metrics.json").read_text())
+    assert doc["config"]["lr"] == 0.01 and len(doc["rounds"]) == 1
+    execute(runs, results, "tiny")  # finished runs are skipped
+    assert "1 of 1 runs already finished; running 0" in capsys.readouterr().out
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n<!-- bench:tiny:start -->\nold\n<!-- bench:tiny:end -->\nafter\n")
+    text = report("tiny", suite, runs, results, readme)
+    acc = doc["final"]["accuracy"]
+    assert f"| fedavg-slow | {acc:.4f} |" in text and "Paper: numbers of the paper." in text
+    new = readme.read_text()
+    assert new.startswith("before\n<!-- bench:tiny:start -->\n#### digits, 3 clients") and new.endswith("<!-- bench:tiny:end -->\nafter\n")
+    assert "old" not in new
+    assert (results / "tiny" / "table.csv").read_text().splitlines()[1].startswith("g,fedavg-slow,1,")
+    assert (results / "tiny" / "g-accuracy.png").exists() and (results / "tiny" / "g-bytes.png").exists()
