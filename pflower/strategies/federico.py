@@ -78,11 +78,16 @@ class FedericoRelay(PflStrategy):
     def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, evaluate_config: dict, result: Result) -> dict:
         cfg = {**config, **train_config}
         ids = sorted(self.node_of)
-        bytes_by_step: dict[str, list[int]] = {}
+        traffic: dict[str, tuple[int, int]] = {}  # step -> (bytes down, bytes up)
         missing: set[int] = set()
 
-        plans, *traffic, miss = self._step(grid, rnd, "plan", {c: RecordDict() for c in ids}, cfg)
-        bytes_by_step["plan"], missing = traffic, missing | set(miss)
+        def step(phase: str, contents: dict[int, RecordDict]) -> dict[int, RecordDict]:
+            out, down, up, miss = self._step(grid, rnd, phase, contents, cfg)
+            traffic[phase] = (down, up)
+            missing.update(miss)
+            return out
+
+        plans = step("plan", {c: RecordDict() for c in ids})
         wanted = {i: [int(j) for j in p["plan"].get("neighbours", [])] for i, p in plans.items()}
         partner = {i: [int(j) for j in p["plan"].get("gossip-to", [])] for i, p in plans.items()}
 
@@ -99,8 +104,7 @@ class FedericoRelay(PflStrategy):
         for j in serve:
             serve[j]["requests"] = ConfigRecord(requests[j])
         del plans
-        served, *traffic, miss = self._step(grid, rnd, "serve", serve, cfg)
-        bytes_by_step["serve"], missing = traffic, missing | set(miss)
+        served = step("serve", serve)
         del serve
 
         use = {i: RecordDict() for i in wanted}
@@ -112,8 +116,7 @@ class FedericoRelay(PflStrategy):
                 if j in served and f"gossip-reply-{i}" in served[j].config_records:
                     use[i]["gossip-reply"] = served[j][f"gossip-reply-{i}"]
         del served
-        used, *traffic, miss = self._step(grid, rnd, "use", use, cfg)
-        bytes_by_step["use"], missing = traffic, missing | set(miss)
+        used = step("use", use)
         del use
 
         update = {j: RecordDict() for j in used}
@@ -123,8 +126,7 @@ class FedericoRelay(PflStrategy):
                 if j in update:
                     update[j][f"update-from-{i}"] = used[i][name]
         del used
-        updated, *traffic, miss = self._step(grid, rnd, "update", update, cfg)
-        bytes_by_step["update"], missing = traffic, missing | set(miss)
+        updated = step("update", update)
         del update
         if len(updated) < self.settings.min_replies:
             raise RoundFailedError(self._failure(rnd, len(ids), len(updated), sorted(missing)))
@@ -132,9 +134,9 @@ class FedericoRelay(PflStrategy):
         e_down, e_up, e_missing = self.evaluate_phase(grid, rnd, {**config, **evaluate_config}, result)
         return {
             "train-loss": None,
-            "bytes-down": sum(d for d, _ in bytes_by_step.values()) + e_down,
-            "bytes-up": sum(u for _, u in bytes_by_step.values()) + e_up,
-            "relayed-bytes": {step: d for step, (d, _) in bytes_by_step.items()},
+            "bytes-down": sum(d for d, _ in traffic.values()) + e_down,
+            "bytes-up": sum(u for _, u in traffic.values()) + e_up,
+            "relayed-bytes": {phase: d for phase, (d, _) in traffic.items()},
             "sampled": len(ids),
             "missing": sorted(missing | set(e_missing)),
         }
