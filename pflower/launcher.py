@@ -105,16 +105,24 @@ def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
     return f"num-supernodes={num_clients} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
 
 
-def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNECTION) -> str:
-    """Final status of a run, as the SuperLink reports it (e.g. ``finished:completed``)."""
-    out = subprocess.run(
-        [_bin("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
-        env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    try:
-        return str(json.loads(out.stdout)["runs"][0]["status"])
-    except (json.JSONDecodeError, KeyError, IndexError) as err:
-        raise SystemExit(f"could not read the status of run {run_id} ({err}): {out.stdout}{out.stderr}") from None
+def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNECTION, attempts: int = 3) -> str:
+    """Final status of a run, as the SuperLink reports it (e.g. ``finished:completed``).
+
+    Asked up to ``attempts`` times, 2 s apart: on a loaded machine the SuperLink has once
+    answered "Run ID not found" for a run that had just finished.
+    """
+    for attempt in range(attempts):
+        out = subprocess.run(
+            [_bin("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
+            env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        try:
+            return str(json.loads(out.stdout)["runs"][0]["status"])
+        except (json.JSONDecodeError, KeyError, IndexError) as err:
+            if attempt == attempts - 1:
+                raise SystemExit(f"could not read the status of run {run_id} ({err}): {out.stdout}{out.stderr}") from None
+            time.sleep(2)
+    raise AssertionError("unreachable")
 
 
 def submit(
