@@ -6,8 +6,6 @@ import pytest
 
 from pflower.bench import execute, load_suite, ordering_sentence, report
 
-pytestmark = pytest.mark.xdist_group("simulation")
-
 SUITE = """
 [tiny]
 seeds = [0, 1]
