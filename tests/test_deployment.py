@@ -13,10 +13,10 @@ import pytest
 from conftest import ROOT, faulty_app, run_config
 from pflower.deploy import Deployment, node_key
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2"),
-    pytest.mark.xdist_group("deployment"),
-]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")
+#: The deployment tests share one worker and deployment; the crash test has its own deployment and
+#: shares the fault simulations' worker (its group then starts early and it runs first there).
+DEPLOYMENT = pytest.mark.xdist_group("deployment")
 
 
 def _deployment(tmp_path_factory):
@@ -32,7 +32,7 @@ def deployment(tmp_path_factory):
 
 @pytest.fixture
 def crash_deployment(tmp_path_factory):
-    """A deployment of its own for the crash test (its own xdist group, so it overlaps the others)."""
+    """A deployment of its own for the crash test (another xdist group, so it overlaps the others)."""
     with _deployment(tmp_path_factory) as dep:
         yield dep
 
@@ -41,6 +41,7 @@ def _metrics(path):
     return json.loads((path / "metrics.json").read_text())
 
 
+@DEPLOYMENT
 def test_pfedla_over_tls_with_authenticated_supernodes(deployment, tmp_path):
     assert deployment.net is not None and deployment.link_address.startswith("10.77.")
     assert [deployment.node_status(i) for i in range(3)] == ["online"] * 3
@@ -58,6 +59,7 @@ def test_pfedla_over_tls_with_authenticated_supernodes(deployment, tmp_path):
         assert list((deployment.dir / "state" / f"node{i}" / doc["lineage"]).glob("client-*/round-*.pt"))
 
 
+@DEPLOYMENT
 def test_federico_gives_the_same_result_deployed_as_in_process(deployment, tmp_path, grid_factory):
     """The relay's steps between real SuperNodes (a fresh ClientApp process per message) end
     exactly where the same run ends in process."""
@@ -78,6 +80,7 @@ def test_federico_gives_the_same_result_deployed_as_in_process(deployment, tmp_p
         assert a["relayed-bytes"] == b["relayed-bytes"]
 
 
+@DEPLOYMENT
 def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
     node_key(tmp_path / "rogue")
     proc = deployment.start_node(0, key=tmp_path / "rogue", name="node0-rogue")
@@ -85,6 +88,7 @@ def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
     assert "Failed to activate SuperNode" in deployment.log("node0-rogue")
 
 
+@DEPLOYMENT
 def test_wrong_shapes_from_one_supernode_are_rejected(deployment, tmp_path):
     """Node 2 runs a ClientApp that returns wrong shapes: the run finishes and reports them."""
     app = faulty_app(tmp_path / "app", fault="")
@@ -95,7 +99,7 @@ def test_wrong_shapes_from_one_supernode_are_rejected(deployment, tmp_path):
     assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 2 and all(r["missing"] == [] for r in rounds)
 
 
-@pytest.mark.xdist_group("deployment-crash")
+@pytest.mark.xdist_group("simulation-faults")
 def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(crash_deployment, tmp_path):
     """Node 0 is killed as round 2 of 4 starts and restarted as a supervisor would: with its key
     the SuperLink lets it back in once its old heartbeats lapse (about a minute), so it misses
