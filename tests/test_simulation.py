@@ -6,8 +6,7 @@ import pytest
 
 from conftest import run_on_flower as _run
 
-# Two groups, so two workers (each with its own SuperLink) share the simulations.
-SIM_A, SIM_B = pytest.mark.xdist_group("simulation-a"), pytest.mark.xdist_group("simulation-b")
+pytestmark = pytest.mark.xdist_group("simulation")
 
 # One run per distinct server/client path on real Flower (FedAvg, Local, pFedLA, SuPerFed, the
 # double head with gradual sharing, FedeRiCo's relay); the FedAvg-family client variants
@@ -22,7 +21,7 @@ METHOD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, marks=(SIM_A, SIM_B)[i % 2]) for i, m in enumerate(sorted(METHOD_CONFIGS))])
+@pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
 def test_every_method_runs_on_flower(superlink, tmp_path, method):
     results = tmp_path / method
     config = f"method='{method}' num-server-rounds=3 local-epochs=2 results-dir='{results}' {METHOD_CONFIGS[method]}"
@@ -53,7 +52,6 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
     assert "[round 3/3] accuracy" in log
 
 
-@SIM_A
 def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     """Same seed, same numbers: Ray's worker placement and threads do not change the result."""
     from conftest import run_config
@@ -73,7 +71,6 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
         assert a["sampled"] == b["sampled"] == 2
 
 
-@SIM_B
 @pytest.mark.parametrize(
     "config,message",
     [
