@@ -111,7 +111,10 @@ def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNEC
     Asked up to ``attempts`` times, 2 s apart: on a loaded machine the SuperLink has once
     answered "Run ID not found" for a run that had just finished.
     """
+    problem = ""
     for attempt in range(attempts):
+        if attempt:
+            time.sleep(2)
         out = subprocess.run(
             [_bin("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
             env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
@@ -119,10 +122,8 @@ def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNEC
         try:
             return str(json.loads(out.stdout)["runs"][0]["status"])
         except (json.JSONDecodeError, KeyError, IndexError) as err:
-            if attempt == attempts - 1:
-                raise SystemExit(f"could not read the status of run {run_id} ({err}): {out.stdout}{out.stderr}") from None
-            time.sleep(2)
-    raise AssertionError("unreachable")
+            problem = f"could not read the status of run {run_id} ({err}): {out.stdout}{out.stderr}"
+    raise SystemExit(problem)
 
 
 def submit(

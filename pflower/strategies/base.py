@@ -88,8 +88,8 @@ class PflStrategy(Strategy):
         """What ``client_id`` started training from this round (for ``max-update-norm``); None: no bound."""
         return None
 
-    def round_extras(self) -> dict:
-        """Method-specific entries for this round's row of metrics.json."""
+    def round_extras(self, server_round: int) -> dict:
+        """Method-specific entries for round ``server_round``'s row of metrics.json."""
         return {}
 
     def state_dict(self) -> dict:
@@ -377,7 +377,7 @@ class PflStrategy(Strategy):
                     "rejected": dict(self.rejected),
                     "per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items())},
                     **({"global-accuracy": ev["global-accuracy"]} if "global-accuracy" in ev else {}),
-                    **self.round_extras(),
+                    **self.round_extras(rnd),
                 }
             )
             save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, run_config, self.state_dict(), recorder.rounds))

@@ -58,7 +58,6 @@ class FedAvg(PflStrategy):
         self.global_state = {k: template[k].detach().clone() for k in upload_keys}
         self._specs: dict[int, FlatSpec] = {}  # units shared -> flat layout of their keys
         self._records: dict[int, ArrayRecord] = {}  # units shared -> their current global arrays
-        self._phase_now = len(self.sharing.units)
 
     @classmethod
     def from_model(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> "FedAvg":
@@ -92,13 +91,13 @@ class FedAvg(PflStrategy):
     def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
         return self.global_state
 
-    def round_extras(self) -> dict:
+    def round_extras(self, server_round: int) -> dict:
         """With gradual sharing: the round's phase (how many layers it shared)."""
-        return {"phase": self._phase_now} if self.sharing.interval else {}
+        return {"phase": self.sharing.phase(server_round)} if self.sharing.interval else {}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
         if self.sharing.interval:
-            self._phase_now = p = self.sharing.phase(server_round)
+            p = self.sharing.phase(server_round)
             log(INFO, "Gradual sharing, round %d: phase %d of %d, sharing layers up to '%s'",
                 server_round, p, len(self.sharing.units), self.sharing.layer_name(p - 1))
         return super().configure_train(server_round, arrays, config, grid)

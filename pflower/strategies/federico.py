@@ -43,7 +43,7 @@ class FedericoRelay(PflStrategy):
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Never called: the relay aggregates nothing."""
 
-    def round_extras(self) -> dict:
+    def round_extras(self, server_round: int) -> dict:
         """``collaboration-weights``: each client's weights over the clients it tracks."""
         weights = {
             str(c): {str(int(j)): float(w) for j, w in zip(m["weight-ids"], m["weights"])}

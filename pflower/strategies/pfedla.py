@@ -111,7 +111,7 @@ class PFedLA(PflStrategy):
         self.theta = state["theta"].clone()
         self.hn = HyperNetworks({k: v.clone() for k, v in state["hn"].items()}, state["hn-keys"].clone())
 
-    def round_extras(self) -> dict:
+    def round_extras(self, server_round: int) -> dict:
         """The aggregation weights after this round: alpha[client][layer] = list over clients."""
         if self.num_clients > ALPHA_RECORD_LIMIT:
             return {}

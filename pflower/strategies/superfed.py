@@ -9,7 +9,7 @@ from pflower.strategies.fedavg import FedAvg
 
 
 class SuperFed(FedAvg):
-    def round_extras(self) -> dict:
+    def round_extras(self, server_round: int) -> dict:
         """``lambda-curve``: mean test accuracy over clients at each lambda; ``lambda-chosen``: each client's lambda."""
         curves = [m["lambda-accuracy"] for m in self.eval_metrics.values() if "lambda-accuracy" in m]
         if not curves:
