@@ -45,6 +45,7 @@ class StandInClients(Grid):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.n = num_clients
         self.gen = torch.Generator().manual_seed(seed)
+        self.replies: dict[str, Message] = {}
 
     def get_node_ids(self):
         return [1000 + i for i in range(self.n)]
@@ -64,18 +65,22 @@ class StandInClients(Grid):
         content = RecordDict({"arrays": to_record(trained), "metrics": MetricRecord({**metrics, "train-loss": 1.0})})
         return Message(content, reply_to=msg)
 
-    def send_and_receive(self, messages, *, timeout=None):
-        out = []
+    def push_messages(self, messages):
+        ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            out.append(self._reply(msg))
-        return out
+            self.replies[msg.metadata.message_id] = self._reply(msg)
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
 
     def set_run(self, run):  # pragma: no cover
         raise NotImplementedError
 
     run = property(lambda self: None)
-    create_message = push_messages = pull_messages = set_run
+    create_message = send_and_receive = set_run
 
 
 def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim: int) -> dict:
@@ -111,15 +116,15 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
         for name in SERVER_PHASES:
             setattr(strategy, name, timed(name, getattr(strategy, name)))
         grid = StandInClients(num_clients)
-        original = grid.send_and_receive
+        original = grid.pull_messages
 
-        def phase_boundary(messages, **kw):  # a round ends with the evaluate phase
-            replies = original(messages, **kw)
-            if messages and messages[0].metadata.message_type == MessageType.EVALUATE:
+        def phase_boundary(message_ids):  # a round ends with the evaluate phase
+            replies = original(message_ids)
+            if replies and replies[0].metadata.message_type == MessageType.EVALUATE:
                 per_round.append(sum(spent.values()))
             return replies
 
-        grid.send_and_receive = phase_boundary
+        grid.pull_messages = phase_boundary
         strategy.start(grid=grid)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model_bytes = strategy.theta.shape[1] * 4

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -45,6 +46,7 @@ class InProcessGrid(Grid):
         }
         self.offline: set[int] = set()
         self.sent: list[Message] = []
+        self.replies: dict[str, Message] = {}  # message id -> reply not pulled yet
 
     def set_run(self, run):  # pragma: no cover - not used in-process
         raise NotImplementedError
@@ -59,19 +61,16 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return [n for n in self.contexts if n not in self.offline]
 
-    def push_messages(self, messages):  # pragma: no cover
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):  # pragma: no cover
-        raise NotImplementedError
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
-        replies = []
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Run the ClientApp on each message now; its reply waits for :meth:`pull_messages`."""
+        ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             self.sent.append(msg)
+            ids.append(msg.metadata.message_id)
             node = msg.metadata.dst_node_id
-            if node in self.offline:
+            if node in self.offline:  # as Flower answers for a SuperNode that is gone
+                self.replies[msg.metadata.message_id] = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="offline"), reply_to=msg)
                 continue
             try:
                 reply = self.app(msg, self.contexts[node])
@@ -79,8 +78,14 @@ class InProcessGrid(Grid):
                 reply = Message(Error(code=1, reason=str(err)), reply_to=msg)
             if self.tamper is not None:
                 reply = self.tamper(self.contexts[node].node_config["partition-id"], reply)
-            replies.append(reply)
-        return replies
+            self.replies[msg.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        return self.pull_messages(self.push_messages(messages))
 
 
 def assert_same_state(a: dict, b: dict) -> None:

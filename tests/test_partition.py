@@ -64,6 +64,16 @@ def test_iid_covers_everything_equally():
     assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
 
 
+def test_iid_gives_flwr_datasets_iid_shards():
+    from flwr_datasets.partitioner import IidPartitioner
+
+    perm = np.random.default_rng(3).permutation(len(LABELS))
+    part = IidPartitioner(num_partitions=7)
+    part.dataset = P._as_hf_dataset(LABELS[perm])
+    theirs = [perm[np.asarray(part.load_partition(i)["index"])] for i in range(7)]
+    assert all(np.array_equal(a, b) for a, b in zip(P.iid(LABELS, 7, seed=3), theirs))
+
+
 @pytest.mark.parametrize("groups", [2, 3, 4])
 def test_label_groups_disjoint_label_sets(groups):
     parts, group_of = P.label_groups(LABELS, 8, groups, seed=0)

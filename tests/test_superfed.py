@@ -83,8 +83,8 @@ def test_local_model_never_leaves_the_client_and_curves_are_recorded(grid_factor
     strategy = build_strategy(load_settings(cfg))
     grid = grid_factory(cfg, 3)
     snapshots = []
-    original = grid.send_and_receive
-    grid.send_and_receive = lambda msgs, **kw: [snapshots.append(dict(r.content.array_records)) or r for r in original(msgs, **kw)]
+    original = grid.pull_messages
+    grid.pull_messages = lambda ids: [snapshots.append(dict(r.content.array_records)) or r for r in original(ids)]
     strategy.start(grid=grid)
     keys = {k for arrays in snapshots for rec in arrays.values() for k in rec}
     assert keys and all(k.startswith("fed.") for k in keys)

@@ -1,7 +1,7 @@
 """FedeRiCo's server: a relay. Every decision and every model stays with the clients.
 
 A round runs the clients' four relayed steps (:mod:`pflower.client_app.federico`) and an
-evaluation, each one ``grid.send_and_receive``; between steps the server only moves records
+evaluation, each one a push and its pulls; between steps the server only moves records
 from the client that wrote them to the client they name:
 
 - ``plan`` -> each client names its neighbours and its shuffle partner (and the view it offers);
