@@ -4,19 +4,26 @@ The same FedAvg work both ways: 10 clients x 1,000 MNIST images (iid; each clien
 split 70/30 into train and test as pflower does), 1 local epoch of SGD (batch 32, lr 0.1) on
 the MNIST CNN, the sample-weighted average, every client evaluating on its test split, 20
 rounds. Prints the steady-state seconds per round of both (median of rounds 2-20), their ratio,
-and pflower's start-up time (process start to the start of round 1).
+pflower's start-up (command start to round 1, in its phases) and the peak memory of all its
+processes (proportional set size, so shared libraries count once).
+
+``--clients 100 --fraction 0.1`` (or 1000) measures the scale runs: the shared MNIST set spread
+over more clients, 10% of them training each round, every client evaluating.
 
     .venv/bin/python bench/sim_speed.py [--data-dir ../shared/data/mnist] [--rounds 20]
+    .venv/bin/python bench/sim_speed.py --clients 1000 --fraction 0.1 --rounds 5 --no-plain
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,20 +37,18 @@ from pflower.datasets import client_data  # noqa: E402
 from pflower.models import build_model  # noqa: E402
 from pflower.training import evaluate, train  # noqa: E402
 
-CLIENTS = 10
 
-
-def run_config(data_dir: Path, rounds: int, results: Path) -> dict:
+def run_config(data_dir: Path, rounds: int, fraction: float, results: Path) -> dict:
     return {
         "method": "fedavg", "dataset": "mnist", "data-dir": str(data_dir), "partition": "iid",
-        "local-epochs": 1, "num-server-rounds": rounds, "results-dir": str(results),
+        "local-epochs": 1, "num-server-rounds": rounds, "fraction-train": fraction, "results-dir": str(results),
     }  # fmt: skip
 
 
-def plain_loop(settings, rounds: int) -> list[float]:
-    """The same rounds in one process on one core: seconds per round."""
-    torch.set_num_threads(1)
-    splits = [client_data(settings, c, CLIENTS) for c in range(CLIENTS)]
+def plain_loop(settings, clients: int, rounds: int, threads: int) -> list[float]:
+    """The same rounds in one process with ``threads`` torch threads: seconds per round."""
+    torch.set_num_threads(threads)
+    splits = [client_data(settings, c, clients) for c in range(clients)]
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     times = []
@@ -64,39 +69,94 @@ def plain_loop(settings, rounds: int) -> list[float]:
     return times
 
 
-def pflower_run(config: dict, results: Path) -> tuple[list[float], float]:
-    """pflower-sim end to end: (seconds per round, start-up seconds)."""
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _pss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            continue
+    return total
+
+
+def pflower_run(config: dict, clients: int, results: Path) -> dict:
+    """pflower-sim end to end: per-round seconds, start-up phases, peak memory of its processes."""
     cfg = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in config.items())
-    metrics = results / "metrics.json"
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(CLIENTS), "-c", cfg, "--app", str(ROOT)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
-    first = None
+    cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(ROOT)]
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    marks: dict[str, float] = {}
+
+    def read() -> None:
+        for line in proc.stdout:
+            if "Successfully started run" in line:
+                marks.setdefault("submitted", time.time())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    peak = 0
     while proc.poll() is None:
-        if first is None and metrics.exists():
-            first = time.perf_counter() - t0
-        time.sleep(0.05)
+        peak = max(peak, _pss_bytes(_tree(proc.pid)))
+        time.sleep(0.5)
+    reader.join(5)
     if proc.returncode != 0:
         raise SystemExit(f"pflower-sim failed ({proc.returncode})")
-    rounds = json.loads(metrics.read_text())["rounds"]
-    times = [r["wall-seconds"] for r in rounds]
-    return times, (first or 0.0) - times[0]
+    doc = json.loads((results / "metrics.json").read_text())
+    line = doc["timeline"]
+    return {
+        "rounds": [r["wall-seconds"] for r in doc["rounds"]],
+        "submit": marks.get("submitted", t0) - t0,
+        "serverapp": line["serverapp-started"] - marks.get("submitted", t0),
+        "clients": line["clients-ready"] - line["serverapp-started"],
+        "startup": line["clients-ready"] - t0,
+        "peak": peak,
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mnist")
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--fraction", type=float, default=1.0, help="fraction-train: share of clients training per round")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain loop (scale runs)")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = run_config(args.data_dir.resolve(), args.rounds, Path(tmp))
-        plain = plain_loop(load_settings(config), args.rounds)
-        ours, startup = pflower_run(config, Path(tmp))
     steady = lambda t: statistics.median(t[1:])  # noqa: E731
-    print(f"plain single-process loop (1 core): {steady(plain):.3f} s/round")
-    print(f"pflower simulation (2 workers):     {steady(ours):.3f} s/round")
-    print(f"ratio pflower / plain:              {steady(ours) / steady(plain):.2f}")
-    print(f"pflower start-up before round 1:    {startup:.1f} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = run_config(args.data_dir.resolve(), args.rounds, args.fraction, Path(tmp))
+        ours = pflower_run(config, args.clients, Path(tmp))
+        plain = {} if args.no_plain else {t: plain_loop(load_settings(config), args.clients, args.rounds, t) for t in (1, 2)}
+    print(f"clients {args.clients}, fraction-train {args.fraction:g}, {args.rounds} rounds")
+    for threads, times in plain.items():
+        print(f"plain single-process loop ({threads} thread{'s' * (threads > 1)}): {steady(times):.3f} s/round")
+    print(f"pflower simulation ({os.cpu_count()} workers):      {steady(ours['rounds']):.3f} s/round")
+    for threads, times in plain.items():
+        print(f"ratio pflower / plain ({threads} thread{'s' * (threads > 1)}):    {steady(ours['rounds']) / steady(times):.2f}")
+    print(f"pflower start-up before round 1:   {ours['startup']:.1f} s "
+          f"(SuperLink + submission {ours['submit']:.1f} s, simulation process + ServerApp {ours['serverapp']:.1f} s, "
+          f"Ray + ClientApps + identity query {ours['clients']:.1f} s)")  # fmt: skip
+    print(f"peak memory of pflower's processes: {ours['peak'] / 2**20:.0f} MiB")
     return 0
 
 

@@ -5,7 +5,8 @@ overwrites the keys it carries, the method trains, and only the method's upload 
 gradual-sharing schedule releases in this round) go back.
 After training the personal state is also saved to disk (:mod:`pflower.client_app.store`),
 so a resumed run or a restarted SuperNode continues with it.
-Everything derived from the run config (settings, data, model) is cached per process.
+Everything derived from the run config (settings, data, model) is cached per process; one
+model object serves every client of the process.
 """
 
 from __future__ import annotations
@@ -37,19 +38,44 @@ PERSONAL = "personal"
 app = ClientApp()
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What every client of one run config uses, built once per process: one model serves all
+    the clients a process runs, since each message loads a whole state into it."""
+
+    model: nn.Module
+    method: ClientMethod
+    sharing: GradualSharing
+    fresh: dict[str, torch.Tensor]  # the common initial state
+
+
 @dataclass
 class Runtime:
-    """What one client needs, built once per process and client."""
+    """One client: its data, and the run's :class:`Shared` parts."""
 
     settings: Settings
     client_id: int
     num_clients: int
     train: Split
     test: Split
-    method: ClientMethod
-    model: nn.Module
-    initial: dict[str, torch.Tensor]
-    sharing: GradualSharing
+    shared: Shared
+
+    @property
+    def model(self) -> nn.Module:
+        return self.shared.model
+
+    @property
+    def method(self) -> ClientMethod:
+        return self.shared.method
+
+    @property
+    def sharing(self) -> GradualSharing:
+        return self.shared.sharing
+
+    def initial(self) -> dict[str, torch.Tensor]:
+        """The personal state of this client before it ever trained (the method's, from the common init)."""
+        self.model.load_state_dict(self.shared.fresh)
+        return self.method.initial_state(self.model, self.client_id)
 
     @cached_property
     def global_test(self) -> Split:
@@ -85,7 +111,7 @@ class Runtime:
                 context.state[name] = record
             if saved is not None:
                 log(INFO, "Client %d restored its saved personal state (lineage %s, before round %d)", self.client_id, lineage, rnd)
-        state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial
+        state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial()
         self.model.load_state_dict(state)
         return self.model
 
@@ -99,11 +125,10 @@ class Runtime:
         return int(np.random.SeedSequence([self.settings.seed, self.client_id, server_round]).generate_state(1)[0])
 
 
-@lru_cache(maxsize=64)
-def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
+@lru_cache(maxsize=8)
+def _shared(settings: Settings) -> Shared:
     # Fixed, not inherited: results depend on the thread count (reduction order).
     torch.set_num_threads(settings.client_threads)
-    train, test = client_data(settings, client_id, num_clients)
     pool = pool_for(settings)
     if pool.shape != settings.image_shape or pool.num_classes != settings.num_classes:
         raise ValueError(
@@ -112,9 +137,15 @@ def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
         )
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed).to(device())
     method = methods.client_method(settings)
-    initial = {k: v.detach().clone() for k, v in method.initial_state(model, client_id).items()}
-    sharing = GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval)
-    return Runtime(settings, client_id, num_clients, train, test, method, model, initial, sharing)
+    fresh = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return Shared(model, method, GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval), fresh)
+
+
+@lru_cache(maxsize=4096)
+def _runtime(settings: Settings, client_id: int, num_clients: int) -> Runtime:
+    shared = _shared(settings)
+    train, test = client_data(settings, client_id, num_clients)
+    return Runtime(settings, client_id, num_clients, train, test, shared)
 
 
 @lru_cache(maxsize=8)

@@ -370,6 +370,7 @@ class PflStrategy(Strategy):
         lineage = checkpoint.lineage if checkpoint else uuid.uuid4().hex
         recorder = Recorder(s, rounds=checkpoint.rounds if checkpoint else None)
         result = Result()
+        started = time.time()
         self.discover(grid, timeout)
         first = 1
         if checkpoint is not None:
@@ -379,7 +380,9 @@ class PflStrategy(Strategy):
             self.load_state_dict(checkpoint.strategy)
             first = checkpoint.round + 1
             log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
-        recorder.extra.update({"num-clients": len(self.node_of), "lineage": lineage})
+        # Unix times of the ServerApp's start and of the end of client discovery (start-up figures).
+        timeline = {"serverapp-started": started, "clients-ready": time.time()}
+        recorder.extra.update({"num-clients": len(self.node_of), "lineage": lineage, "timeline": timeline})
         run_config = s.to_run_config()
         for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
