@@ -12,15 +12,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-import numpy as np  # noqa: E402
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, imported on first use (0.8 s that ClientApps,
+    which import this module through the strategies, need not pay)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
     """Mean and sample-weighted accuracy per round."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     x = [r["round"] for r in rounds]
     ax.plot(x, [r["accuracy"] for r in rounds], marker="o", ms=3, label="mean over clients")
@@ -45,6 +53,7 @@ def plot_alpha_heatmaps(alpha: np.ndarray, path: Path, title: str) -> None:
     even while the weights are still close to uniform.
     """
     n, num_layers, _ = alpha.shape
+    plt = _pyplot()
     fig, axes = plt.subplots(1, num_layers, figsize=(3.2 * num_layers + 1, 3.4), squeeze=False)
     for l, ax in enumerate(axes[0]):
         im = ax.imshow(alpha[:, l, :], vmin=alpha.min(), vmax=alpha.max(), cmap="viridis")
@@ -60,6 +69,7 @@ def plot_alpha_heatmaps(alpha: np.ndarray, path: Path, title: str) -> None:
 def plot_alpha_evolution(rounds: list[int], alpha: np.ndarray, client: int, path: Path, title: str) -> None:
     """The weights one client gives every other client, per layer, over rounds (alpha [R, L, N])."""
     _, num_layers, n = alpha.shape
+    plt = _pyplot()
     fig, axes = plt.subplots(1, num_layers, figsize=(3.2 * num_layers, 3.2), sharey=True, squeeze=False)
     for l, ax in enumerate(axes[0]):
         for j in range(n):
@@ -76,6 +86,7 @@ def plot_lambda_curves(rounds: list[dict[str, Any]], path: Path, title: str) -> 
     """Mean test accuracy versus lambda (0: federated model, 1: local model), a few rounds."""
     rows = [r for r in rounds if "lambda-curve" in r]
     picks = sorted({rows[0]["round"], rows[len(rows) // 2]["round"], rows[-1]["round"]})
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for r in rows:
         if r["round"] in picks:
@@ -101,6 +112,7 @@ def weight_matrix(weights: dict[str, dict[str, float]]) -> np.ndarray:
 
 def plot_collaboration(w: np.ndarray, path: Path, title: str) -> None:
     """Row i: client i's weights over the clients whose models it tracks (the paper's Fig. 3)."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 4.3))
     im = ax.imshow(w, cmap="viridis", vmin=0, vmax=max(float(w.max()), 1e-9))
     ax.set(xlabel="collaborator j", ylabel="client i", title=title, xticks=range(len(w)), yticks=range(len(w)))
@@ -150,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def plot_mean_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
     """Per method, the mean over its seeds of the final-mean accuracy per round."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label, docs in runs.items():
         n = min(len(d["rounds"]) for d in docs)
@@ -174,6 +187,7 @@ def run_label(doc: dict[str, Any]) -> str:
 
 def plot_comparison(runs: dict[str, dict[str, Any]], path: Path, metric: str = "accuracy") -> None:
     """``metric`` of each run per round against its cumulative bytes (down + up), in MiB."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label, doc in runs.items():
         rows = [r for r in doc["rounds"] if r.get(metric) is not None]
