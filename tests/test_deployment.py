@@ -110,10 +110,10 @@ def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(
     Meanwhile node 2's ClientApp sends wrong shapes every round; they are rejected."""
     app = faulty_app(tmp_path / "app", fault="")
     first, second = tmp_path / "first", tmp_path / "second"
-    base = "method='heurpfedla' top-k=1 local-epochs=2 round-timeout=40"
+    base = "method='heurpfedla' top-k=1 local-epochs=2"
     outcome = {}
     runner = threading.Thread(
-        target=lambda: outcome.update(zip(("id", "status", "log"), crash_deployment.submit(app, f"{base} num-server-rounds=4 results-dir='{first}'")))
+        target=lambda: outcome.update(zip(("id", "status", "log"), crash_deployment.submit(app, f"{base} num-server-rounds=4 round-timeout=40 results-dir='{first}'")))
     )
     runner.start()
     deadline = time.monotonic() + 300
@@ -129,7 +129,7 @@ def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(
     assert outcome["status"] == "finished:completed", outcome["log"]
     rounds = _metrics(first)["rounds"]
     assert rounds[0]["missing"] == [] and rounds[1]["missing"] == [0]
-    assert all(r["missing"] in ([], [0]) for r in rounds)
+    assert all(r["missing"] in ([], [0]) for r in rounds), [(r["missing"], r["wall-seconds"]) for r in rounds]
     assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 4
     acc0 = rounds[0]["per-client-accuracy"]["0"]
 

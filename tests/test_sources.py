@@ -3,6 +3,7 @@
 import gzip
 
 import numpy as np
+import torch
 import pytest
 
 from conftest import MNIST_DIR
@@ -71,9 +72,15 @@ def test_corrupt_gzip(tmp_path):
         load_idx_family("mnist", tmp_path)
 
 
-def test_digits_is_embedded():
-    pool = load_digits()
+def test_digits_is_embedded_and_equals_sklearns_loader():
+    from sklearn.datasets import load_digits as sk_digits
+
+    from pflower.datasets.sources import _normalize
+
+    pool, d = load_digits(), sk_digits()
     assert pool.x.shape == (1797, 1, 8, 8) and pool.num_classes == 10
+    assert torch.equal(pool.x, _normalize(d.images.astype(np.float32)[:, None] / 16.0))
+    assert pool.y.tolist() == d.target.tolist()
 
 
 @pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST test set not present")
