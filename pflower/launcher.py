@@ -26,9 +26,6 @@ FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    # The SuperExecs that start the ServerApp/simulation (SuperLink) and every ClientApp
-    # (SuperNode) look for work once a second by default: up to 1 s per run start and per message.
-    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
 }
 CONNECTION = "pflower-sim"
 

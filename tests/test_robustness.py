@@ -187,3 +187,50 @@ def test_a_client_that_cannot_start_stops_discovery_at_once(tmp_path, grid_facto
     grid = grid_factory(run_config(lr=-1.0), 2)  # every client gets a config it rejects
     with pytest.raises(NoClientsError, match=r"no client could start \(2 of 2 nodes .*run config key 'lr' = -1.0 is not allowed"):
         build_strategy(load_settings(server_cfg)).discover(grid, timeout=600)
+
+
+class _SlowGrid:
+    """Replies to message i become available ``delays[i]`` seconds after the push (None: never)."""
+
+    def __init__(self, delays):
+        self.delays, self.pulls = delays, 0
+
+    def push_messages(self, messages):
+        import time
+
+        self.t0 = time.monotonic()
+        self.msgs = list(messages)
+        for i, m in enumerate(self.msgs):
+            m.metadata.__dict__["_message_id"] = f"m{i}"
+        return [m.metadata.message_id for m in self.msgs]
+
+    def pull_messages(self, ids):
+        import time
+
+        self.pulls += 1
+        now = time.monotonic() - self.t0
+        return [Message(RecordDict(), reply_to=m) for m, d in zip(self.msgs, self.delays)
+                if m.metadata.message_id in ids and d is not None and d <= now]  # fmt: skip
+
+
+def test_send_and_receive_returns_what_came_by_the_timeout_and_polls_sparingly():
+    import time
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from pflower.strategies.base import send_and_receive
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in (1, 2, 3)]
+    grid = _SlowGrid([0.0, 0.3, None])
+    t0 = time.monotonic()
+    replies = send_and_receive(grid, msgs, timeout=1.0)
+    took = time.monotonic() - t0
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
+    assert 1.0 <= took < 3.0
+    assert grid.pulls < 80  # 5 % of the elapsed time between pulls (about 67 in 1 s), not a busy loop
+
+    grid = _SlowGrid([0.0, 0.3])
+    t0 = time.monotonic()
+    assert len(send_and_receive(grid, msgs[:2], timeout=10.0)) == 2
+    assert time.monotonic() - t0 < 2.0  # returns when all replies came, not at the timeout
