@@ -126,11 +126,25 @@ def superlink(tmp_path_factory):
         yield home
 
 
-def run_on_flower(superlink: Path, config: str, clients: int = 3):
-    """Submit this app with ``config`` to the ``superlink`` fixture: (run id, status, log)."""
+def run_on_flower(superlink: Path, config: str, clients: int = 3, cpus: int = 2, app: Path = ROOT):
+    """Submit ``app`` with ``config`` to the ``superlink`` fixture: (run id, status, log).
+
+    ``cpus=2`` (the default here) gives each ClientApp both cores, so Ray starts one worker
+    instead of two: the suite runs three Flower systems at once on two cores.
+    """
     from pflower.launcher import submit
 
-    return submit(ROOT, superlink, config, num_clients=clients, echo=False)
+    return submit(app, superlink, config, num_clients=clients, cpus=cpus, echo=False)
+
+
+def load_app(directory: Path, name: str):
+    """The ClientApp of a :func:`faulty_app` directory, imported in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, directory / "faulty_client.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.app
 
 
 @pytest.fixture

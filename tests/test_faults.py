@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from conftest import faulty_app, run_config, run_on_flower as _run
-from pflower.launcher import submit
+from conftest import InProcessGrid, faulty_app, load_app, run_config, run_on_flower as _run
+from pflower.config import load_settings
+from pflower.methods import build_strategy
 
 pytestmark = pytest.mark.xdist_group("simulation-faults")
 
@@ -14,9 +15,6 @@ def test_resume_on_flower_continues_exactly(superlink, tmp_path, grid_factory):
     """2 rounds on Flower, then a second `flwr run` with resume-from (new run, new ClientApp
     contexts) to round 3: the same rows as one uninterrupted 3-round run (in process, which
     equals Flower's: see test_simulation_equals_in_process_run)."""
-    from pflower.config import load_settings
-    from pflower.methods import build_strategy
-
     base = "method='heurpfedla' top-k=1 fraction-train=0.67 local-epochs=1"
     runs = {}
     for name, rounds, resume in (("first", 2, ""), ("second", 3, tmp_path / "first")):
@@ -34,15 +32,17 @@ def test_resume_on_flower_continues_exactly(superlink, tmp_path, grid_factory):
 
 @pytest.mark.parametrize("method", ["fedavg", "pfedla"])
 def test_a_client_sending_nan_every_round_changes_nothing(superlink, tmp_path, method):
-    """One of 5 clients sends NaN updates: the run ends as if that client's updates were dropped."""
+    """One of 5 clients sends NaN updates on Flower: the run ends as the run where that client's
+    updates are dropped (in process, which equals Flower's: test_simulation_equals_in_process_run)."""
+    nan_app = faulty_app(tmp_path / "app-nan", "nan")
+    _, status, log = _run(superlink, f"method='{method}' num-server-rounds=3 local-epochs=2 results-dir='{tmp_path / 'nan'}'", clients=5, app=nan_app)
+    assert status == "finished:completed", log
+    cfg = run_config(method=method, num_server_rounds=3, local_epochs=2, results_dir=str(tmp_path / "drop"))
+    drop_app = load_app(faulty_app(tmp_path / "app-drop", "drop"), f"faulty_drop_{method}")
+    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(drop_app, cfg, 5))
     final = {}
     for fault, reason in (("nan", "non-finite"), ("drop", "client-error")):
-        app = faulty_app(tmp_path / f"app-{fault}", fault)
-        results = tmp_path / fault
-        config = f"method='{method}' num-server-rounds=3 local-epochs=2 results-dir='{results}'"
-        _, status, log = submit(app, superlink, config, num_clients=5, echo=False)
-        assert status == "finished:completed", log
-        doc = json.loads((results / "metrics.json").read_text())
+        doc = json.loads((tmp_path / fault / "metrics.json").read_text())
         assert [r["rejected"] for r in doc["rounds"]] == [{reason: 1}] * 3
         final[fault] = doc["final"]["accuracy"]
     assert abs(final["nan"] - final["drop"]) <= 0.01
