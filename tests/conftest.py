@@ -18,6 +18,19 @@ MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
 DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
+#: xdist groups, longest first: collected first, each starts on a worker of its own at once
+#: instead of after a worker's share of the unit tests.
+LONG_GROUPS = ("crash", "simulation", "simulation-faults", "deployment")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        return LONG_GROUPS.index(group.args[0]) if group and group.args[0] in LONG_GROUPS else len(LONG_GROUPS)
+
+    items.sort(key=rank)  # stable: file order within a group and among the rest
+
+
 def run_config(**overrides) -> dict:
     """pyproject's run config with overrides given as python names (lr=..., num_server_rounds=...)."""
     cfg = dict(DEFAULTS)

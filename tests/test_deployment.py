@@ -91,14 +91,15 @@ def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
 def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(crash_deployment, tmp_path):
     """Node 0 is killed as round 2 of 4 starts and restarted as a supervisor would: with its key
     the SuperLink lets it back in once its old heartbeats lapse (about a minute), so it misses
-    rounds from 2 on. A resumed run then has it back, with the state in its state-dir (that a
-    resumed run restores exactly is shown in test_faults and test_checkpoint).
+    round 2 and, depending on timing, the rounds after it; once back it answers under its client
+    id, from the state in its state-dir. A resumed run has it back as well (that a resumed run
+    restores exactly is shown in test_faults and test_checkpoint).
     Meanwhile node 2's ClientApp sends wrong shapes every round; they are rejected."""
     app = faulty_app(tmp_path / "app", fault="")
     first, second = tmp_path / "first", tmp_path / "second"
     # A generous timeout: the dead node's phases end when the SuperLink marks it offline (its
     # heartbeats lapse, about a minute), and the healthy nodes must never miss one under load.
-    base = "method='heurpfedla' top-k=1 local-epochs=1 round-timeout=120"
+    base = "method='heurpfedla' top-k=1 local-epochs=2 round-timeout=120"
     outcome = {}
     runner = threading.Thread(
         target=lambda: outcome.update(zip(("id", "status", "log"), crash_deployment.submit(app, f"{base} num-server-rounds=4 results-dir='{first}'")))
