@@ -1,0 +1,56 @@
+"""The launcher's start-up helpers: the staged app Flower bundles and the shared Ray head."""
+
+import io
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+from conftest import ROOT, faulty_app
+
+
+def _fab_files(app):
+    from flwr.cli.build import build_fab_from_disk
+
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))) as fab:
+        return {name: fab.read(name) for name in fab.namelist()}
+
+
+def test_staged_app_bundles_the_same_fab(tmp_path):
+    from pflower.launcher import stage_app
+
+    for app in (ROOT, faulty_app(tmp_path / "faulty", "nan")):
+        staged = stage_app(app, tmp_path / f"staged-{app.name}")
+        assert staged != app
+        original, copy = _fab_files(app), _fab_files(staged)
+        assert sorted(copy) == sorted(original) and copy == original
+        assert any(name.startswith("pflower/strategies/") for name in original) or app != ROOT
+
+
+def test_ray_head_is_found_by_ray_init_and_leaves_no_process(tmp_path):
+    from pflower.launcher import flower_env
+    from pflower.ray_head import address_file, ray_head
+
+    env = {k: v for k, v in flower_env(tmp_path).items() if k != "RAY_ADDRESS"}
+    with ray_head(env, tmp_path / "head.log") as ray_env:
+        target = address_file(ray_env["RAY_TMPDIR"])
+        deadline = time.monotonic() + 180
+        while not target.exists():
+            assert time.monotonic() < deadline, (tmp_path / "head.log").read_text()
+            time.sleep(0.2)
+        head = target.read_text()
+        driver = "import ray; ray.init(include_dashboard=False); print(ray.get_runtime_context().gcs_address)"
+        out = subprocess.run([sys.executable, "-c", driver], env={**env, **ray_env}, capture_output=True, text=True, timeout=180)
+        assert out.stdout.strip() == head, out.stderr
+    assert not os.path.exists(ray_env["RAY_TMPDIR"])
+    left = subprocess.run(["pgrep", "-f", ray_env["RAY_TMPDIR"]], capture_output=True, text=True).stdout.split()
+    assert left == []
+
+
+def test_user_ray_address_wins(tmp_path):
+    from pflower.ray_head import ray_head
+
+    with ray_head({"RAY_ADDRESS": "127.0.0.1:1"}, tmp_path / "head.log") as ray_env:
+        assert ray_env == {}
+    assert not (tmp_path / "head.log").exists()
