@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from pflower.config import load_settings  # noqa: E402
 from pflower.datasets import client_data  # noqa: E402
+from pflower.launcher import process_tree  # noqa: E402
 from pflower.models import build_model  # noqa: E402
 from pflower.training import evaluate, train  # noqa: E402
 
@@ -69,24 +70,6 @@ def plain_loop(settings, clients: int, rounds: int, threads: int) -> list[float]
     return times
 
 
-def _tree(root: int) -> list[int]:
-    """``root`` and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
 def _pss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -117,7 +100,7 @@ def pflower_run(config: dict, clients: int, results: Path) -> dict:
     reader.start()
     peak = 0
     while proc.poll() is None:
-        peak = max(peak, _pss_bytes(_tree(proc.pid)))
+        peak = max(peak, _pss_bytes(process_tree(proc.pid)))
         time.sleep(0.5)
     reader.join(5)
     if proc.returncode != 0:

@@ -54,20 +54,50 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def process_tree(root: int) -> list[int]:
+    """``root`` and its live descendants (read from /proc; zombies left out)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError, ValueError):
+                continue
+            if state != "Z":
+                children.setdefault(int(ppid), []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def _signal(pids: list[int], group: int, sig: int) -> None:
+    for kill, target in [(os.killpg, group)] + [(os.kill, pid) for pid in pids]:
+        try:
+            kill(target, sig)
+        except ProcessLookupError:
+            pass
+
+
 def stop(proc: subprocess.Popen) -> None:
-    """Stop a process started with ``start_new_session`` and everything it spawned."""
+    """Stop a process started with ``start_new_session``, its process group and its descendants.
+
+    Descendants outside the group count too: a SuperLink's simulation runs in a session of its
+    own and would otherwise linger until it notices the SuperLink is gone.
+    """
     if proc.poll() is not None:
         return
+    tree = process_tree(proc.pid)[1:]
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+        _signal(tree, proc.pid, sig)
         try:
             proc.wait(wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    _signal(tree, proc.pid, signal.SIGKILL)  # whatever outlived its parent
 
 
 @contextmanager
@@ -202,6 +232,11 @@ def simulate(
         return run_id, status
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM ends pflower-sim like Ctrl-C: through its clean-up, which stops the SuperLink and Ray."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-sim", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--run-config", default="", help='run-config overrides, e.g. "method=\'fedprox\' lr=0.01"')
@@ -211,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
     p.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: <app>/.flwr)")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_id, status = simulate(
         args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home
     )

@@ -54,3 +54,31 @@ def test_user_ray_address_wins(tmp_path):
     with ray_head({"RAY_ADDRESS": "127.0.0.1:1"}, tmp_path / "head.log") as ray_env:
         assert ray_env == {}
     assert not (tmp_path / "head.log").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_every_process_pflower_sim_started(tmp_path):
+    home = tmp_path / "home"
+    cmd = [os.path.join(os.path.dirname(sys.executable), "pflower-sim"), "--num-clients", "2", "--flwr-home", str(home),
+           "--app", str(ROOT), "-c", f"method='fedavg' num-server-rounds=500 results-dir='{tmp_path / 'out'}'"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "out" / "metrics.json").exists() and proc.poll() is None:  # a round has run
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    from pflower.launcher import process_tree
+
+    started = process_tree(proc.pid)[1:]
+    assert len(started) >= 3  # flwr run, the SuperLink and the Ray head, at least
+    proc.send_signal(15)
+    assert proc.wait(120) == 143
+    time.sleep(2)
+    left = {pid: open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:120] for pid in started if _alive(pid)}
+    assert left == {}
