@@ -56,6 +56,14 @@ def test_user_ray_address_wins(tmp_path):
     assert not (tmp_path / "head.log").exists()
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().replace("\0", " ")
+    except OSError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -68,17 +76,17 @@ def test_sigterm_stops_every_process_pflower_sim_started(tmp_path):
     home = tmp_path / "home"
     cmd = [os.path.join(os.path.dirname(sys.executable), "pflower-sim"), "--num-clients", "2", "--flwr-home", str(home),
            "--app", str(ROOT), "-c", f"method='fedavg' num-server-rounds=500 results-dir='{tmp_path / 'out'}'"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "out" / "metrics.json").exists() and proc.poll() is None:  # a round has run
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
     from pflower.launcher import process_tree
 
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not any("flwr-simulation" in _cmdline(pid) for pid in process_tree(proc.pid)):  # the run is under way
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
     started = process_tree(proc.pid)[1:]
-    assert len(started) >= 3  # flwr run, the SuperLink and the Ray head, at least
+    assert len(started) >= 4  # flwr run, the SuperLink, its simulation process and the Ray head, at least
     proc.send_signal(15)
     assert proc.wait(120) == 143
     time.sleep(2)
-    left = {pid: open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:120] for pid in started if _alive(pid)}
+    left = {pid: _cmdline(pid)[:120] for pid in started if _alive(pid)}
     assert left == {}
