@@ -172,6 +172,14 @@ def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNEC
     raise SystemExit(problem)
 
 
+def _as_glob(pattern: str) -> str:
+    """A ``fab-include`` (gitignore-style) pattern as a ``Path.glob`` pattern: one without an
+    inner slash matches at any depth, a leading slash anchors it at the app's root."""
+    if pattern.startswith("/"):
+        return pattern[1:]
+    return pattern if "/" in pattern.rstrip("/") else f"**/{pattern}"
+
+
 def stage_app(app: Path, dest: Path) -> Path:
     """Copy what the app's FAB holds (pyproject.toml and its ``fab-include`` files) to ``dest``.
 
@@ -184,7 +192,7 @@ def stage_app(app: Path, dest: Path) -> Path:
     patterns = project.get("tool", {}).get("flwr", {}).get("app", {}).get("fab-include")
     if not patterns:
         return app
-    files = {path for pattern in patterns for path in app.glob(pattern.lstrip("/")) if path.is_file()}
+    files = {path for pattern in patterns for path in app.glob(_as_glob(pattern)) if path.is_file()}
     for path in sorted(files | {app / "pyproject.toml"}):
         target = dest / path.relative_to(app)
         target.parent.mkdir(parents=True, exist_ok=True)
