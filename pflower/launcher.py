@@ -85,9 +85,11 @@ def stop(proc: subprocess.Popen) -> None:
     """Stop a process started with ``start_new_session``, its process group and its descendants.
 
     Descendants outside the group count too: a SuperLink's simulation runs in a session of its
-    own and would otherwise linger until it notices the SuperLink is gone.
+    own and would otherwise linger until it notices the SuperLink is gone. If the process has
+    already exited, what is left of its group is killed.
     """
     if proc.poll() is not None:
+        _signal([], proc.pid, signal.SIGKILL)
         return
     tree = process_tree(proc.pid)[1:]
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):

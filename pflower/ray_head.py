@@ -2,7 +2,7 @@
 
 Flower's simulation calls ``ray.init()`` in every run, which starts a local Ray instance (5 s
 here) after the SuperLink, the submission and the ServerApp have started. :func:`ray_head`
-starts one Ray instance at the same time as the SuperLink and gives the SuperLink an own
+starts one Ray instance at the same time as the SuperLink and gives the SuperLink its own
 ``RAY_TMPDIR``; this module's process writes the head's address to
 ``$RAY_TMPDIR/ray/ray_current_cluster``, the file where ``ray.init()`` looks for an existing
 cluster, so every simulation of that SuperLink connects to the head. A run that starts
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,11 +55,7 @@ def ray_head(env: dict[str, str], log_path: Path) -> Iterator[dict[str, str]]:
             proc.wait(SHUTDOWN_WAIT)
         except subprocess.TimeoutExpired:
             pass
-        stop(proc)
-        try:  # Ray's own processes, should any outlive the head's shutdown
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop(proc)  # also Ray's own processes, should any outlive the head's shutdown
         log.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
 
