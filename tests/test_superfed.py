@@ -8,7 +8,7 @@ import torch
 
 from conftest import run_config
 from pflower.client_app.base import ClientMethod
-from pflower.client_app.superfed import SuperFedClient, VALIDATION_FRACTION, holdout
+from pflower.client_app.superfed import POOLED_KEY, SuperFedClient, VALIDATION_FRACTION, choose_lambda, holdout
 from pflower.config import load_settings
 from pflower.datasets import client_data
 from pflower.datasets.partition import noisy_labels
@@ -95,13 +95,63 @@ def test_local_model_never_leaves_the_client_and_curves_are_recorded(grid_factor
     assert set(last["lambda-chosen"].values()) <= set(LAMBDA_GRID)
     assert 0 <= last["ece"] <= 1 and last["top5-accuracy"] >= last["weighted-accuracy"]
     assert (tmp_path / "lambda.png").stat().st_size > 0
+    assert len(last["lambda-pooled-val-loss"]) == len(LAMBDA_GRID)
+    assert last["oracle-accuracy"] >= last["accuracy"]
+
+
+def test_lambda_is_chosen_on_own_plus_pooled_held_out_loss():
+    own = [0.30, 0.10, 0.12, 0.50]
+    assert choose_lambda(own) == 1
+    assert choose_lambda(own, [0.30, 0.20, 0.05, 0.00]) == 2  # 0.60 0.30 0.17 0.50
+    assert choose_lambda([0.2, 0.2, 0.3]) == 0  # ties: the lower lambda
+    with pytest.raises(ValueError, match=POOLED_KEY):
+        choose_lambda(own, [0.1, 0.2])
+
+
+def test_trained_client_reports_its_held_out_curve_and_follows_the_pooled_one():
+    s = _settings()
+    train, test = client_data(s, 0, 3)
+    model = build_model(s, s.image_shape, s.num_classes, s.seed)
+    client = SuperFedClient(s)
+    model.load_state_dict(client.initial_state(model, 0))
+    own = client.evaluate(model, train, test, trained=True, config={})
+    _, validation = holdout(train, VALIDATION_FRACTION, s.seed)
+    expected = []
+    for lam in LAMBDA_GRID:
+        model.set_lambda(lam)
+        expected.append(evaluate(model, validation).loss)
+    assert own["lambda-val-loss"] == pytest.approx(expected) and own["val-examples"] == len(validation)
+    assert own["lambda"] == LAMBDA_GRID[choose_lambda(expected)]
+    pull = [0.0 if lam == 1.0 else 1e6 for lam in LAMBDA_GRID]  # the federation's curve outweighs the client's
+    pulled = client.evaluate(model, train, test, trained=True, config={POOLED_KEY: pull})
+    assert pulled["lambda"] == 1.0 and pulled["accuracy"] == pulled["lambda-accuracy"][-1]
+
+
+def test_server_pools_held_out_curves_and_sends_them_with_the_next_evaluation(grid_factory, tmp_path):
+    cfg = run_config(method="superfed", superfed_start=0.0, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    grid = grid_factory(cfg, 3)
+    sent, replies = [], []
+    push, pull = grid.push_messages, grid.pull_messages
+    grid.push_messages = lambda msgs: push([sent.append(m) or m for m in msgs])
+    grid.pull_messages = lambda ids: [replies.append(r) or r for r in pull(ids)]
+    strategy.start(grid=grid)
+    evaluations = [m for m in sent if m.metadata.message_type == "evaluate"]
+    first = [m for m in evaluations if m.content["config"]["server-round"] == 1]
+    second = [m for m in evaluations if m.content["config"]["server-round"] == 2]
+    assert first and second and all(POOLED_KEY not in m.content["config"] for m in first)
+    round1 = [r.content["metrics"] for r in replies if "lambda-val-loss" in r.content["metrics"]][:3]
+    n = torch.tensor([float(m["val-examples"]) for m in round1], dtype=torch.float64)
+    curves = torch.tensor([list(m["lambda-val-loss"]) for m in round1], dtype=torch.float64)
+    pooled = (n @ curves / n.sum()).tolist()
+    assert all(list(m.content["config"][POOLED_KEY]) == pytest.approx(pooled) for m in second)
 
 
 def test_novel_client_is_served_the_global_model():
     s = _settings()
     train, test = client_data(s, 0, 3)
     model = build_model(s, s.image_shape, s.num_classes, s.seed)
-    metrics = SuperFedClient(s).evaluate(model, train, test, trained=False)
+    metrics = SuperFedClient(s).evaluate(model, train, test, trained=False, config={})
     model.set_lambda(0.0)
     assert metrics["lambda"] == 0.0 and metrics["accuracy"] == evaluate(model, test).accuracy
 
@@ -125,3 +175,11 @@ def test_calibration_errors_and_top5_on_a_hand_example():
     assert ece == pytest.approx(0.45) and mce == pytest.approx(0.45)
     ece, mce = calibration_errors(torch.tensor([0.9, 0.9, 0.3]), torch.tensor([1, 1, 0]))
     assert ece == pytest.approx((2 * 0.1 + 0.3) / 3) and mce == pytest.approx(0.3)
+
+
+def test_pooled_curve_survives_a_checkpoint():
+    settings = load_settings(run_config(method="superfed"))
+    first, second = build_strategy(settings), build_strategy(settings)
+    first.pooled_val_loss = [0.1 * i for i in range(len(LAMBDA_GRID))]
+    second.load_state_dict(first.state_dict())
+    assert second.pooled_val_loss == first.pooled_val_loss

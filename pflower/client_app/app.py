@@ -11,10 +11,12 @@ model object serves every client of the process.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from logging import INFO
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,14 +84,14 @@ class Runtime:
         """The shared test set of ``test-mode='global'`` (the union of all clients' test splits)."""
         return global_test(self.settings, self.num_clients)
 
-    def evaluate(self, model: nn.Module, trained: bool) -> dict:
+    def evaluate(self, model: nn.Module, trained: bool, config: Mapping[str, Any]) -> dict:
         """The method's metrics in the run's ``test-mode``; with ``both``, global ones prefixed ``global-``."""
         mode, m = self.settings.test_mode, self.method
         if mode == "global":
-            return m.evaluate(model, self.train, self.global_test, trained)
-        metrics = m.evaluate(model, self.train, self.test, trained)
+            return m.evaluate(model, self.train, self.global_test, trained, config)
+        metrics = m.evaluate(model, self.train, self.test, trained, config)
         if mode == "both":
-            metrics |= {f"global-{k}": v for k, v in m.evaluate(model, self.train, self.global_test, trained).items()}
+            metrics |= {f"global-{k}": v for k, v in m.evaluate(model, self.train, self.global_test, trained, config).items()}
         return metrics
 
     def store(self, context: Context) -> StateStore:
@@ -212,7 +214,7 @@ def evaluate_(msg: Message, context: Context) -> Message:
     model = rt.personal_model(context, msg)
     trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
-    metrics = rt.evaluate(rt.method.predictor(model, context.state), trained)
+    metrics = rt.evaluate(rt.method.predictor(model, context.state), trained, _config(msg))
     reply = MetricRecord({**metrics, **rt.method.report(context.state), "client-id": rt.client_id})
     return Message(RecordDict({"metrics": reply}), reply_to=msg)
 

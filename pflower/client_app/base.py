@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from flwr.app import RecordDict
 from torch import nn
@@ -34,8 +37,9 @@ class ClientMethod:
         """Train ``model`` (already holding the received arrays) in place; return the mean loss."""
         return self._train(model, data, seed, epochs=self.settings.local_epochs)
 
-    def evaluate(self, model: nn.Module, train: Split, test: Split, trained: bool) -> dict[str, float | int]:
-        """Reply metrics of the personalized model on the test split (``trained``: it has trained before)."""
+    def evaluate(self, model: nn.Module, train: Split, test: Split, trained: bool, config: Mapping[str, Any]) -> dict[str, float | int]:
+        """Reply metrics of the personalized model on the test split (``trained``: it has trained
+        before; ``config``: the evaluate message's config)."""
         return evaluate(model, test).metrics()
 
     #: The step of :meth:`relay_step` that ends a client's round (its state is saved after it).

@@ -7,12 +7,19 @@ round ``superfed-start`` x rounds, lambda = 0 and w_l is frozen. Only w_f is upl
 starts from the client's own seed and stays in its personal state.
 
 Evaluation reports the test accuracy at every lambda of the grid 0, 0.1, ..., 1, and as the
-client's accuracy the one at the lambda that is best on held-out training data (10% of the
-training split, never trained on): the highest accuracy there, ties (frequent on ~70 samples)
-broken by the lower cross-entropy. A client that never trained uses lambda = 0, the global model.
+client's accuracy the one at the lambda chosen on held-out training data (10% of the training
+split, never trained on): the lowest held-out cross-entropy, the client's own plus the
+federation's (the sample-weighted mean of all clients' held-out curves of the previous
+evaluation, which the server sends as ``superfed-pooled-val-loss``). A few dozen held-out
+images per client cannot tell neighbouring lambdas apart; the federation's curve, from ten
+times as many, steadies the choice. A client that never trained uses lambda = 0, the global
+model, and reports no held-out curve.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,6 +34,19 @@ from pflower.training import evaluate
 
 #: Share of a client's training split held out to choose its lambda.
 VALIDATION_FRACTION = 0.1
+
+#: Evaluate-config key of the federation's held-out loss curve (one value per grid lambda).
+POOLED_KEY = "superfed-pooled-val-loss"
+
+
+def choose_lambda(val_loss: Sequence[float], pooled: Sequence[float] | None = None) -> int:
+    """Index of the grid lambda with the lowest held-out loss, own plus pooled (first on ties)."""
+    score = np.asarray(val_loss, dtype=np.float64)
+    if pooled is not None:
+        if len(pooled) != len(score):
+            raise ValueError(f"{POOLED_KEY} has {len(pooled)} values; the lambda grid has {len(score)}")
+        score = score + np.asarray(pooled, dtype=np.float64)
+    return int(np.argmin(score))
 
 
 def holdout(data: Split, fraction: float, seed: int) -> tuple[Split, Split]:
@@ -79,15 +99,23 @@ class SuperFedClient(ClientMethod):
         finally:
             model.set_lambda(0.0)
 
-    def evaluate(self, model: MixedModel, train: Split, test: Split, trained: bool) -> dict:
+    def evaluate(self, model: MixedModel, train: Split, test: Split, trained: bool, config: Mapping[str, Any]) -> dict:
         _, validation = self._split(train)
-        curve, scores = [], []
+        curve, val_loss = [], []
         for lam in LAMBDA_GRID:
             model.set_lambda(lam)
             curve.append(evaluate(model, test))
             if trained:
-                val = evaluate(model, validation)
-                scores.append((-val.accuracy, val.loss))
+                val_loss.append(evaluate(model, validation).loss)
         model.set_lambda(0.0)
-        best = min(range(len(scores)), key=scores.__getitem__) if trained else 0
-        return {**curve[best].metrics(), "lambda": LAMBDA_GRID[best], "lambda-accuracy": [c.accuracy for c in curve]}
+        if not trained:
+            return {**curve[0].metrics(), "lambda": 0.0, "lambda-accuracy": [c.accuracy for c in curve]}
+        pooled = config.get(POOLED_KEY)
+        best = choose_lambda(val_loss, list(pooled) if pooled is not None else None)
+        return {
+            **curve[best].metrics(),
+            "lambda": LAMBDA_GRID[best],
+            "lambda-accuracy": [c.accuracy for c in curve],
+            "lambda-val-loss": val_loss,
+            "val-examples": len(validation),
+        }
