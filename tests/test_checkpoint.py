@@ -29,7 +29,7 @@ def _without_time(rounds):
 
 @pytest.mark.parametrize(
     "method,extra",
-    [("pfedla", {}), ("heurpfedla", {"top_k": 2}), ("fedavg", {}), ("fedper", {}), ("local", {}), ("superfed", {"superfed_start": 0.0})],
+    [("pfedla", {}), ("heurpfedla", {"top_k": 2}), ("fedavg", {}), ("fedper", {}), ("local", {})],
 )
 def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method, extra):
     """2 rounds, then a new federation (fresh client contexts) resumes to 4: same metrics, same state."""

@@ -78,15 +78,16 @@ def test_gradients_reach_both_weight_sets_in_one_backward_pass():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def test_local_model_never_leaves_the_client_and_curves_are_recorded(grid_factory, tmp_path):
+def test_local_model_never_leaves_the_client_and_the_pooled_curve_goes_out_with_the_next_evaluation(grid_factory, tmp_path):
     cfg = run_config(method="superfed", superfed_mixing="layer", superfed_start=0.0, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
     grid = grid_factory(cfg, 3)
-    snapshots = []
-    original = grid.pull_messages
-    grid.pull_messages = lambda ids: [snapshots.append(dict(r.content.array_records)) or r for r in original(ids)]
+    sent, replies, uploads = [], [], []  # uploads: the replies' arrays as pulled (the strategy frees them)
+    push, pull = grid.push_messages, grid.pull_messages
+    grid.push_messages = lambda msgs: push([sent.append(m) or m for m in msgs])
+    grid.pull_messages = lambda ids: [replies.append(r) or uploads.append(dict(r.content.array_records)) or r for r in pull(ids)]
     strategy.start(grid=grid)
-    keys = {k for arrays in snapshots for rec in arrays.values() for k in rec}
+    keys = {k for arrays in uploads for rec in arrays.values() for k in rec}
     assert keys and all(k.startswith("fed.") for k in keys)
     assert set(strategy.upload_spec) == {k for k in keys}
     doc = json.loads((tmp_path / "metrics.json").read_text())
@@ -95,8 +96,17 @@ def test_local_model_never_leaves_the_client_and_curves_are_recorded(grid_factor
     assert set(last["lambda-chosen"].values()) <= set(LAMBDA_GRID)
     assert 0 <= last["ece"] <= 1 and last["top5-accuracy"] >= last["weighted-accuracy"]
     assert (tmp_path / "lambda.png").stat().st_size > 0
-    assert len(last["lambda-pooled-val-loss"]) == len(LAMBDA_GRID)
-    assert last["oracle-accuracy"] >= last["accuracy"]
+    assert len(last["lambda-pooled-val-loss"]) == len(LAMBDA_GRID) and last["oracle-accuracy"] >= last["accuracy"]
+    # the server pools round 1's held-out curves (weighted by held-out size) and sends them with round 2's evaluation
+    evaluations = [m for m in sent if m.metadata.message_type == "evaluate"]
+    first = [m for m in evaluations if m.content["config"]["server-round"] == 1]
+    second = [m for m in evaluations if m.content["config"]["server-round"] == 2]
+    assert first and second and all(POOLED_KEY not in m.content["config"] for m in first)
+    round1 = [r.content["metrics"] for r in replies if "lambda-val-loss" in r.content["metrics"]][:3]
+    n = torch.tensor([float(m["val-examples"]) for m in round1], dtype=torch.float64)
+    curves = torch.tensor([list(m["lambda-val-loss"]) for m in round1], dtype=torch.float64)
+    pooled = (n @ curves / n.sum()).tolist()
+    assert all(list(m.content["config"][POOLED_KEY]) == pytest.approx(pooled) for m in second)
 
 
 def test_lambda_is_chosen_on_own_plus_pooled_held_out_loss():
@@ -125,26 +135,6 @@ def test_trained_client_reports_its_held_out_curve_and_follows_the_pooled_one():
     pull = [0.0 if lam == 1.0 else 1e6 for lam in LAMBDA_GRID]  # the federation's curve outweighs the client's
     pulled = client.evaluate(model, train, test, trained=True, config={POOLED_KEY: pull})
     assert pulled["lambda"] == 1.0 and pulled["accuracy"] == pulled["lambda-accuracy"][-1]
-
-
-def test_server_pools_held_out_curves_and_sends_them_with_the_next_evaluation(grid_factory, tmp_path):
-    cfg = run_config(method="superfed", superfed_start=0.0, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
-    strategy = build_strategy(load_settings(cfg))
-    grid = grid_factory(cfg, 3)
-    sent, replies = [], []
-    push, pull = grid.push_messages, grid.pull_messages
-    grid.push_messages = lambda msgs: push([sent.append(m) or m for m in msgs])
-    grid.pull_messages = lambda ids: [replies.append(r) or r for r in pull(ids)]
-    strategy.start(grid=grid)
-    evaluations = [m for m in sent if m.metadata.message_type == "evaluate"]
-    first = [m for m in evaluations if m.content["config"]["server-round"] == 1]
-    second = [m for m in evaluations if m.content["config"]["server-round"] == 2]
-    assert first and second and all(POOLED_KEY not in m.content["config"] for m in first)
-    round1 = [r.content["metrics"] for r in replies if "lambda-val-loss" in r.content["metrics"]][:3]
-    n = torch.tensor([float(m["val-examples"]) for m in round1], dtype=torch.float64)
-    curves = torch.tensor([list(m["lambda-val-loss"]) for m in round1], dtype=torch.float64)
-    pooled = (n @ curves / n.sum()).tolist()
-    assert all(list(m.content["config"][POOLED_KEY]) == pytest.approx(pooled) for m in second)
 
 
 def test_novel_client_is_served_the_global_model():
