@@ -110,8 +110,7 @@ class SuperFedClient(ClientMethod):
         model.set_lambda(0.0)
         if not trained:
             return {**curve[0].metrics(), "lambda": 0.0, "lambda-accuracy": [c.accuracy for c in curve]}
-        pooled = config.get(POOLED_KEY)
-        best = choose_lambda(val_loss, list(pooled) if pooled is not None else None)
+        best = choose_lambda(val_loss, config.get(POOLED_KEY))
         return {
             **curve[best].metrics(),
             "lambda": LAMBDA_GRID[best],
