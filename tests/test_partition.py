@@ -133,3 +133,49 @@ def test_too_many_clients_names_the_empty_client():
     s = load_settings({"partition": "pathological", "classes-per-client": 1})
     with pytest.raises(PartitionError, match="client"):
         federated_indices(s, 2000)
+
+
+# ---------------------------------------------------- samples-per-client (the paper's equal data)
+POOL = np.repeat(np.arange(10), 1000)  # 10,000 samples like the MNIST test set
+np.random.default_rng(1).shuffle(POOL)
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_pathological_samples_per_client_is_the_same_for_any_number_of_clients(n):
+    parts = P.pathological(POOL, n, 4, seed=0, samples_per_client=60)
+    _assert_disjoint(parts)
+    assert [len(p) for p in parts] == [60] * n
+    for p in parts:
+        classes, counts = np.unique(POOL[p], return_counts=True)
+        assert len(classes) == 4 and sorted(counts.tolist()) == [15, 15, 15, 15]
+    # without it, clients shrink as they are added
+    assert len(P.pathological(POOL, n, 4, seed=0)[0]) == {10: 1000, 100: 100}[n]
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_dominant_samples_per_client_is_the_same_for_any_number_of_clients(n):
+    parts = P.dominant(POOL, n, 2, 0.8, seed=0, samples_per_client=90)
+    _assert_disjoint(parts)
+    assert [len(p) for p in parts] == [90] * n
+    for p in parts:
+        counts = np.sort(np.bincount(POOL[p], minlength=10))[::-1]
+        assert counts[:2].sum() == 72 and set(counts[2:].tolist()) == {2, 3}  # 80 % in 2 classes; 18 over 8 others
+
+
+def test_samples_per_client_split_over_classes_within_one():
+    parts = P.pathological(POOL, 10, 4, seed=0, samples_per_client=10)
+    assert all(sorted(np.bincount(POOL[p])[np.bincount(POOL[p]) > 0].tolist()) == [2, 2, 3, 3] for p in parts)
+
+
+def test_samples_per_client_beyond_the_pool_names_the_key_and_the_most_it_can_give():
+    with pytest.raises(PartitionError, match=r"samples-per-client=2000 needs \d+ samples of class \d, the pool has 1000; at most \d+ per client"):
+        P.pathological(POOL, 10, 4, seed=0, samples_per_client=2000)
+    with pytest.raises(PartitionError, match="samples-per-client=5000 .* the pool has 1000"):
+        P.dominant(POOL, 10, 2, 0.8, seed=0, samples_per_client=5000)
+
+
+def test_samples_per_client_reaches_client_data():
+    s = load_settings({"partition": "pathological", "classes-per-client": 2, "samples-per-client": 40, "test-fraction": 0.25})
+    for cid in range(5):
+        train, test = client_data(s, cid, 5)
+        assert len(train) + len(test) == 40 and len(test) == 10

@@ -54,9 +54,9 @@ def partition_indices(labels: np.ndarray, num_clients: int, s: Settings) -> tupl
     if s.partition == "dirichlet":
         return P.dirichlet(labels, num_clients, s.dirichlet_alpha, s.seed), None
     if s.partition == "pathological":
-        return P.pathological(labels, num_clients, s.classes_per_client, s.seed), None
+        return P.pathological(labels, num_clients, s.classes_per_client, s.seed, s.samples_per_client), None
     if s.partition == "dominant":
-        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.seed), None
+        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.seed, s.samples_per_client), None
     return P.label_groups(labels, num_clients, s.label_groups, s.seed)
 
 

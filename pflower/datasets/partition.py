@@ -70,29 +70,54 @@ def _balanced_class_choice(num_clients: int, num_classes: int, k: int, rng: np.r
     return choice
 
 
-def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
+def _even_counts(total: int, k: int) -> np.ndarray:
+    """``total`` split into ``k`` counts that differ by at most one (the larger ones first)."""
+    return np.full(k, total // k) + (np.arange(k) < total % k)
+
+
+def _too_few(samples_per_client: int, c: int, need: int, have: int, most: int) -> PartitionError:
+    return PartitionError(
+        f"samples-per-client={samples_per_client} needs {need} samples of class {c}, the pool has {have}; "
+        f"at most {most} per client with these clients and classes"
+    )
+
+
+def pathological(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int, samples_per_client: int = 0
+) -> list[np.ndarray]:
     """Each client gets ``classes_per_client`` random classes, the same number of samples each.
 
-    The per-class count is the largest one that every chosen class can supply to all the
-    clients that chose it, so partitions are disjoint and class-balanced (pFedLA non-IID 1).
+    By default the per-class count is the largest one that every chosen class can supply to all
+    the clients that chose it, so partitions are disjoint and class-balanced (pFedLA non-IID 1)
+    and shrink as clients are added. ``samples_per_client`` > 0 fixes each client's size
+    instead (split over its classes within one sample), whatever the number of clients: the
+    paper's protocol, whose 100-client runs have as much data per client as its 10-client runs.
     """
     rng = np.random.default_rng(seed)
     pools = _class_pools(labels, rng)
     choice = _balanced_class_choice(num_clients, len(pools), classes_per_client, rng)
     users = np.bincount(choice.ravel(), minlength=len(pools))
     per_class = min(len(pools[c]) // users[c] for c in range(len(pools)) if users[c] > 0)
-    if per_class == 0:
+    if samples_per_client:
+        counts = np.tile(_even_counts(samples_per_client, classes_per_client), (num_clients, 1))
+        need = np.zeros(len(pools), dtype=np.int64)
+        np.add.at(need, choice.ravel(), counts.ravel())
+        for c in np.flatnonzero(need > np.array([len(p) for p in pools])):
+            raise _too_few(samples_per_client, int(c), int(need[c]), len(pools[c]), per_class * classes_per_client)
+    elif per_class == 0:
         raise PartitionError(
             f"pathological partition: {num_clients} clients x {classes_per_client} classes "
             f"leaves no samples per class for some client"
         )
+    else:
+        counts = np.full((num_clients, classes_per_client), per_class)
     taken = np.zeros(len(pools), dtype=np.int64)
     parts = []
-    for cls in choice:
+    for cls, cnt in zip(choice, counts):
         idx = []
-        for c in cls:
-            idx.append(pools[c][taken[c] : taken[c] + per_class])
-            taken[c] += per_class
+        for c, n in zip(cls, cnt):
+            idx.append(pools[c][taken[c] : taken[c] + n])
+            taken[c] += n
         parts.append(np.sort(np.concatenate(idx)))
     return parts
 
@@ -108,13 +133,27 @@ def _split_by_proportions(pools: list[np.ndarray], props: np.ndarray) -> list[np
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
+def _largest_remainder(props: np.ndarray, total: int) -> np.ndarray:
+    """Integer counts per row that sum to ``total`` and follow ``props`` (rows sum to 1)."""
+    raw = props * total
+    counts = np.floor(raw).astype(np.int64)
+    short = total - counts.sum(axis=1)
+    order = np.argsort(-(raw - counts), axis=1, kind="stable")
+    for i, k in enumerate(short):
+        counts[i, order[i, :k]] += 1
+    return counts
+
+
 def dominant(
-    labels: np.ndarray, num_clients: int, dominant_classes: int, dominant_fraction: float, seed: int
-) -> list[np.ndarray]:
+    labels: np.ndarray, num_clients: int, dominant_classes: int, dominant_fraction: float, seed: int,
+    samples_per_client: int = 0,
+) -> list[np.ndarray]:  # fmt: skip
     """Every client has all classes; ``dominant_classes`` of them hold ``dominant_fraction``.
 
-    Dominant classes are spread evenly over clients (pFedLA non-IID 2); each class pool is cut
-    among clients in proportion to how much each client wants of that class.
+    Dominant classes are spread evenly over clients (pFedLA non-IID 2). By default each class
+    pool is cut among clients in proportion to how much each client wants of that class (the
+    whole pool is used); ``samples_per_client`` > 0 gives every client exactly that many
+    samples in those proportions instead, whatever the number of clients.
     """
     rng = np.random.default_rng(seed)
     pools = _class_pools(labels, rng)
@@ -123,7 +162,17 @@ def dominant(
     props = np.full((num_clients, num_classes), (1 - dominant_fraction) / (num_classes - dominant_classes))
     for i, cls in enumerate(choice):
         props[i, cls] = dominant_fraction / dominant_classes
-    return _split_by_proportions(pools, props)
+    if not samples_per_client:
+        return _split_by_proportions(pools, props)
+    counts = _largest_remainder(props, samples_per_client)
+    need, have = counts.sum(axis=0), np.array([len(p) for p in pools])
+    if (need > have).any():
+        c = int(np.argmax(need - have))
+        most = int(samples_per_client * min(have[c2] / need[c2] for c2 in range(num_classes) if need[c2]))
+        raise _too_few(samples_per_client, c, int(need[c]), int(have[c]), most)
+    starts = np.vstack([np.zeros(num_classes, dtype=np.int64), np.cumsum(counts, axis=0)[:-1]])
+    return [np.sort(np.concatenate([pools[c][starts[i, c] : starts[i, c] + counts[i, c]] for c in range(num_classes)]))
+            for i in range(num_clients)]  # fmt: skip
 
 
 def label_groups(labels: np.ndarray, num_clients: int, groups: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
