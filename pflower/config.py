@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-Method = Literal["fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed", "doublehead", "federico"]
+Method = Literal["fedavg", "fedavg-ft", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed", "doublehead", "federico"]
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
@@ -21,10 +21,14 @@ LabelNoise = Literal["none", "pair", "symmetric"]
 TestMode = Literal["local", "global", "both"]
 
 #: Methods whose server averages the uploaded arrays (where ``aggregation`` applies).
-AVERAGING_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn", "superfed", "doublehead")
+AVERAGING_METHODS = ("fedavg", "fedavg-ft", "fedprox", "fedper", "fedrep", "fedbn", "superfed", "doublehead")
 
 #: Methods that can share their layers gradually (``gradual-interval``).
-GRADUAL_METHODS = ("fedavg", "fedprox", "fedper", "fedrep", "fedbn", "doublehead")
+GRADUAL_METHODS = ("fedavg", "fedavg-ft", "fedprox", "fedper", "fedrep", "fedbn", "doublehead")
+
+#: Methods whose evaluated predictor is one network that local epochs can fine-tune
+#: (``finetune-epochs``); SuPerFed evaluates a line of models, FedeRiCo a mixture of models.
+FINETUNE_METHODS = ("fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "doublehead")
 
 #: Image shape (channels, height, width) and number of classes of each data source
 #: (EMNIST: the 'balanced' split). The server builds its model from these without data.
@@ -69,10 +73,12 @@ class Settings(BaseModel):
     dominant_classes: int = Field(2, ge=1)
     dominant_fraction: float = Field(0.8, gt=0, lt=1)
     label_groups: int = Field(2, ge=1)
+    samples_per_client: int = Field(0, ge=0)
     test_fraction: float = Field(0.3, gt=0, lt=1)
     label_noise: LabelNoise = "none"
     label_noise_ratio: float = Field(0.0, ge=0, lt=1)
     test_mode: TestMode = "local"
+    finetune_epochs: int = Field(0, ge=0)
     num_server_rounds: int = Field(20, ge=1)
     fraction_train: float = Field(1.0, gt=0, le=1)
     local_epochs: int = Field(5, ge=1)
@@ -94,7 +100,7 @@ class Settings(BaseModel):
     client_threads: int = Field(1, ge=1)
     proximal_mu: float = Field(0.01, ge=0)
     fedrep_body_epochs: int = Field(1, ge=1)
-    hn_lr: float = Field(5e-3, gt=0)
+    hn_lr: float = Field(0.05, ge=0)
     hn_embedding_dim: int = Field(100, ge=1)
     hn_hidden_dim: int = Field(100, ge=1)
     hn_key_dim: int = Field(100, ge=1)
@@ -159,6 +165,14 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
     if s.partition == "label-groups" and s.label_groups > c:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
+    if s.samples_per_client and s.partition not in ("pathological", "dominant"):
+        problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological' or 'dominant' (0: use the whole pool)"))
+    if s.partition == "pathological" and 0 < s.samples_per_client < s.classes_per_client:
+        problems.append(("samples-per-client", s.samples_per_client, f"must be >= classes-per-client={s.classes_per_client} (or 0)"))
+    if s.finetune_epochs and s.method == "fedavg-ft":
+        problems.append(("finetune-epochs", s.finetune_epochs, "must be 0 for 'fedavg-ft', which fine-tunes 1 epoch by definition; for another number use method='fedavg'"))
+    elif s.finetune_epochs and s.method not in FINETUNE_METHODS:
+        problems.append(("finetune-epochs", s.finetune_epochs, f"must be 0 for '{s.method}', whose evaluated predictor is not one network; fine-tuning is for {', '.join(FINETUNE_METHODS)}"))
     if s.aggregation != "mean" and s.method not in AVERAGING_METHODS:
         problems.append(("aggregation", s.aggregation, f"only for the averaging methods {', '.join(AVERAGING_METHODS)}"))
     if s.gradual_interval and s.method not in GRADUAL_METHODS:

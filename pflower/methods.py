@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pflower.client_app.base import ClientMethod
 from pflower.client_app.doublehead import DoubleHeadClient
+from pflower.client_app.fedavg_ft import FedAvgFTClient
 from pflower.client_app.fedbn import FedBNClient
 from pflower.client_app.federico import FedericoClient
 from pflower.client_app.fedper import FedPerClient
@@ -18,6 +19,7 @@ from pflower.strategies import FedAvg, FedericoRelay, Local, PFedLA, PflStrategy
 
 METHODS: dict[str, tuple[type[ClientMethod], type[PflStrategy]]] = {
     "fedavg": (ClientMethod, FedAvg),
+    "fedavg-ft": (FedAvgFTClient, FedAvg),
     "fedprox": (FedProxClient, FedAvg),
     "local": (LocalClient, Local),
     "fedper": (FedPerClient, FedAvg),
@@ -38,5 +40,7 @@ def client_method(settings: Settings) -> ClientMethod:
 def build_strategy(settings: Settings) -> PflStrategy:
     """The method's strategy, with the initial model of ``seed`` and the method's upload keys."""
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
-    keys = client_method(settings).upload_keys(model)
-    return METHODS[settings.method][1].from_model(settings, model, keys)
+    client = client_method(settings)
+    strategy = METHODS[settings.method][1].from_model(settings, model, client.upload_keys(model))
+    strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
+    return strategy

@@ -64,6 +64,15 @@ def test_cross_key_rules():
         load_settings(run_config(partition="label-groups", label_groups=11))
     with pytest.raises(ConfigError, match="'dominant-classes' = 10"):
         load_settings(run_config(partition="dominant", dominant_classes=10))
+    with pytest.raises(ConfigError, match="'samples-per-client' = 100 .* only for partition 'pathological' or 'dominant'"):
+        load_settings(run_config(partition="dirichlet", samples_per_client=100))
+    with pytest.raises(ConfigError, match="'samples-per-client' = 3 .* >= classes-per-client=4"):
+        load_settings(run_config(samples_per_client=3))
+    with pytest.raises(ConfigError, match="'finetune-epochs' = 1 .* 'superfed', whose evaluated predictor is not one network"):
+        load_settings(run_config(method="superfed", finetune_epochs=1))
+    with pytest.raises(ConfigError, match="'finetune-epochs' = 2 .* 'fedavg-ft', which fine-tunes 1 epoch by definition"):
+        load_settings(run_config(method="fedavg-ft", finetune_epochs=2))
+    assert load_settings(run_config(hn_lr=0.0)).hn_lr == 0.0  # frozen hypernetworks: the ablation
 
 
 @pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST test set not present")

@@ -204,3 +204,34 @@ def test_adam_is_a_choice_of_the_one_training_loop():
         results[opt] = model.state_dict()["head.weight"]
         assert training.evaluate(model, data).loss < before
     assert not torch.equal(results["sgd"], results["adam"])
+
+
+@pytest.mark.parametrize("method,finetune", [("fedavg", 0), ("fedavg", 2), ("fedavg-ft", 0), ("fedper", 1)])
+def test_evaluation_protocol_as_received_or_fine_tuned(grid_factory, tmp_path, method, finetune):
+    """A client evaluates its personal state with the server's arrays over it, after the fine-tuning
+    epochs (``finetune-epochs``; ``fedavg-ft``: 1) of plain local training on its training split,
+    seeded apart from its training; the evaluation leaves its personal state as it was."""
+    from pflower.client_app.app import runtime
+    from pflower.datasets import client_data
+
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method=method, finetune_epochs=finetune)
+    _, replies = _train_round(strategy, grid)
+    strategy.aggregate_train(1, replies)
+    personal = {n: from_record(ctx.state[PERSONAL]) for n, ctx in grid.contexts.items()}
+    msgs = strategy.configure_evaluate(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    got = {r.metadata.src_node_id: r.content["metrics"] for r in grid.send_and_receive(msgs)}
+    epochs = 1 if method == "fedavg-ft" else finetune
+    assert strategy.evaluation["finetune-epochs"] == epochs
+    for msg in msgs:
+        node = msg.metadata.dst_node_id
+        cid = grid.contexts[node].node_config["partition-id"]
+        model = _model(settings)
+        model.load_state_dict({**personal[node], **from_record(msg.content["arrays"])})
+        train, test = client_data(settings, cid, N)
+        if epochs:
+            seed = runtime(grid.contexts[node]).seed(1, stream=1)
+            training.train(model, train, epochs=epochs, batch_size=settings.batch_size, lr=settings.lr, seed=seed)
+        want = training.evaluate(model, test)
+        assert got[node]["accuracy"] == pytest.approx(want.accuracy) and got[node]["loss"] == pytest.approx(want.loss, rel=1e-5)
+        after = from_record(grid.contexts[node].state[PERSONAL])
+        assert all(torch.equal(after[k], v) for k, v in personal[node].items())

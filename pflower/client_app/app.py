@@ -122,9 +122,10 @@ class Runtime:
         if lineage := _lineage(msg):
             self.store(context).save(lineage, _round(msg), context.state)
 
-    def seed(self, server_round: int) -> int:
-        """Seed of this client's minibatch order in this round."""
-        return int(np.random.SeedSequence([self.settings.seed, self.client_id, server_round]).generate_state(1)[0])
+    def seed(self, server_round: int, stream: int = 0) -> int:
+        """Seed of this client's minibatch order in this round (``stream`` 1: evaluation's fine-tuning)."""
+        entropy = [self.settings.seed, self.client_id, server_round] + ([stream] if stream else [])
+        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 @lru_cache(maxsize=8)
@@ -187,9 +188,11 @@ def _lineage(msg: Message) -> str:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Who is this client: its stable id, how many clients there are, how much data it has."""
+    """Who is this client: its stable id, how many clients there are, how much data it has and
+    of which classes (the server relates pFedLA's weights to them)."""
     rt = runtime(context)
-    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train)})
+    classes = torch.unique(rt.train.y).tolist()
+    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes})
     return Message(RecordDict({"metrics": reply}), reply_to=msg)
 
 
@@ -209,11 +212,14 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_(msg: Message, context: Context) -> Message:
-    """Evaluate the personalized model (personal state + received arrays) in the run's test mode."""
+    """Evaluate the personalized model (personal state + received arrays) in the run's test mode,
+    after the method's fine-tuning epochs on the training split if it has any (never saved)."""
     rt = runtime(context)
     model = rt.personal_model(context, msg)
     trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
+    if epochs := rt.method.finetune_epochs:
+        rt.method.finetune(model, rt.train, rt.seed(_round(msg), stream=1), epochs)
     metrics = rt.evaluate(rt.method.predictor(model, context.state), trained, _config(msg))
     reply = MetricRecord({**metrics, **rt.method.report(context.state), "client-id": rt.client_id})
     return Message(RecordDict({"metrics": reply}), reply_to=msg)

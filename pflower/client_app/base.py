@@ -23,8 +23,20 @@ class ClientMethod:
     :func:`pflower.training.train`).
     """
 
+    #: What this method evaluates (metrics.json records it with the fine-tuning epochs).
+    EVALUATES = "the global model as the server sends it"
+
     def __init__(self, settings: Settings):
         self.settings = settings
+
+    @property
+    def finetune_epochs(self) -> int:
+        """Local epochs on the training split before every evaluation (``finetune-epochs``; 0: as received)."""
+        return self.settings.finetune_epochs
+
+    def finetune(self, model: nn.Module, data: Split, seed: int, epochs: int) -> None:
+        """Train the model about to be evaluated for ``epochs`` (not kept: evaluation never saves)."""
+        self._train(model, data, seed, epochs=epochs)
 
     def upload_keys(self, model: nn.Module) -> list[str]:
         return communicable_keys(model)

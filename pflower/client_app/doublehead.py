@@ -21,9 +21,14 @@ def two_heads_loss(model: DoubleHead, x: torch.Tensor, y: torch.Tensor) -> torch
 
 
 class DoubleHeadClient(ClientMethod):
+    EVALUATES = "the base and global head as the server sends them, with its own local head"
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         local = set(keys_under(model, "local_head"))
         return [k for k in super().upload_keys(model) if k not in local]
 
     def fit(self, model: DoubleHead, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         return self._train(model, data, seed, epochs=self.settings.local_epochs, loss_fn=two_heads_loss)
+
+    def finetune(self, model: DoubleHead, data: Split, seed: int, epochs: int) -> None:
+        self._train(model, data, seed, epochs=epochs, loss_fn=two_heads_loss)

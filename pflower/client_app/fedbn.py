@@ -13,6 +13,8 @@ from pflower.models import communicable_keys, norm_keys
 
 
 class FedBNClient(ClientMethod):
+    EVALUATES = "the global model as the server sends it, with its own normalization layers"
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         local = set(norm_keys(model))
         return [k for k in communicable_keys(model) if k not in local]

@@ -105,6 +105,7 @@ class FedericoClient(ClientMethod):
     """See the module docstring."""
 
     LAST_STEP = "update"
+    EVALUATES = "the mixture of its own and its neighbours' models, weighted by its collaboration weights"
 
     def _rng(self, client_id: int, server_round: int, step: int) -> np.random.Generator:
         return np.random.default_rng([self.settings.seed, client_id, server_round, step])

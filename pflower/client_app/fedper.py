@@ -9,6 +9,8 @@ from pflower.models import communicable_keys, keys_under
 
 
 class FedPerClient(ClientMethod):
+    EVALUATES = "the global body as the server sends it, with its own head"
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         head = set(keys_under(model, "head"))
         return [k for k in communicable_keys(model) if k not in head]

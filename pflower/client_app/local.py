@@ -8,5 +8,7 @@ from pflower.client_app.base import ClientMethod
 
 
 class LocalClient(ClientMethod):
+    EVALUATES = "its own model"
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         return []

@@ -11,5 +11,7 @@ from pflower.models import layers
 
 
 class PFedLAClient(ClientMethod):
+    EVALUATES = "its personalized model as the server sends it (HeurpFedLA: its retained layers its own)"
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         return [k for layer in layers(model) for k in layer.keys]

@@ -58,6 +58,7 @@ def holdout(data: Split, fraction: float, seed: int) -> tuple[Split, Split]:
 
 
 class SuperFedClient(ClientMethod):
+    EVALUATES = "the mixed model at the lambda chosen on held-out training data (own plus pooled held-out loss)"
     def upload_keys(self, model: nn.Module) -> list[str]:
         return keys_under(model, "fed")
 

@@ -85,10 +85,13 @@ class PflStrategy(Strategy):
         self.client_of: dict[int, int] = {}  # node id -> client id
         self.num_examples: dict[int, int] = {}  # training examples each client reported when it joined
         self.test_examples: dict[int, int] = {}  # test examples of its first evaluation reply
+        self.client_classes: dict[int, list[int]] = {}  # the classes of its training split, if it said
         self.num_clients = 0
         self.rejected: Counter[str] = Counter()
         self.problems: list[str] = []  # this round's rejections, "client 3: reason"
         self.eval_metrics: dict[int, dict] = {}  # the last evaluation reply of each client
+        #: The evaluation protocol (what clients evaluate, fine-tuning epochs), for metrics.json.
+        self.evaluation: dict = {}
 
     # ----------------------------------------------------------------- hooks
     def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
@@ -191,6 +194,9 @@ class PflStrategy(Strategy):
         self.node_of[r.client_id] = node
         self.client_of[node] = r.client_id
         self.num_examples[r.client_id] = r.num_examples
+        classes = r.metrics.get("classes")
+        if isinstance(classes, list) and all(isinstance(c, int) for c in classes):
+            self.client_classes[r.client_id] = classes
         self.num_clients = max(self.num_clients, n_clients)
         return None
 
@@ -382,7 +388,9 @@ class PflStrategy(Strategy):
             log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
         # Unix times of the ServerApp's start and of the end of client discovery (start-up figures).
         timeline = {"serverapp-started": started, "clients-ready": time.time()}
-        recorder.extra.update({"num-clients": len(self.node_of), "lineage": lineage, "timeline": timeline})
+        recorder.extra.update({"num-clients": len(self.node_of), "lineage": lineage, "timeline": timeline, "evaluation": self.evaluation})
+        if self.client_classes:
+            recorder.extra["client-classes"] = {str(c): v for c, v in sorted(self.client_classes.items())}
         run_config = s.to_run_config()
         for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
