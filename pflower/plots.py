@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from pflower.similarity import group_order
+
 
 def _pyplot():
     """matplotlib.pyplot on the Agg backend, imported on first use (0.8 s that ClientApps,
@@ -46,19 +48,24 @@ def alpha_array(alpha: dict[str, list[list[float]]]) -> np.ndarray:
     return np.array([alpha[str(i)] for i in range(len(alpha))])
 
 
-def plot_alpha_heatmaps(alpha: np.ndarray, path: Path, title: str) -> None:
+def plot_alpha_heatmaps(alpha: np.ndarray, path: Path, title: str, order: list[int] | None = None,
+                        ratios: list[float | None] | None = None) -> None:  # fmt: skip
     """One client x client heatmap per layer: row i holds the weights client i gives to each j.
 
-    The colour scale spans the weights' own range (shared by all layers), so structure shows
-    even while the weights are still close to uniform.
+    ``order`` lists the clients in the order to draw them (e.g. by class set, so that groups of
+    alike clients form blocks); ``ratios`` (same-classes / disjoint-classes weight, per layer)
+    go into the panel titles. The colour scale spans the weights' own range (shared by all
+    layers), so structure shows even while the weights are still close to uniform.
     """
     n, num_layers, _ = alpha.shape
+    order = list(range(n)) if order is None else order
     plt = _pyplot()
     fig, axes = plt.subplots(1, num_layers, figsize=(3.2 * num_layers + 1, 3.4), squeeze=False)
     for l, ax in enumerate(axes[0]):
-        im = ax.imshow(alpha[:, l, :], vmin=alpha.min(), vmax=alpha.max(), cmap="viridis")
-        ax.set(title=f"layer {l + 1}", xlabel="weight on client j", ylabel="client i" if l == 0 else None)
-        ax.set_xticks(range(n)), ax.set_yticks(range(n))
+        im = ax.imshow(alpha[np.ix_(order, [l], order)][:, 0, :], vmin=alpha.min(), vmax=alpha.max(), cmap="viridis")
+        ratio = "" if not ratios or ratios[l] is None else f"\nsame/disjoint {ratios[l]:.2f}"
+        ax.set(title=f"layer {l + 1}{ratio}", xlabel="weight on client j", ylabel="client i" if l == 0 else None)
+        ax.set_xticks(range(n), [str(c) for c in order]), ax.set_yticks(range(n), [str(c) for c in order])
         ax.tick_params(labelsize=6)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle(title)
@@ -133,7 +140,11 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
     if with_alpha:
         last = with_alpha[-1]
         drawn.append(directory / "alpha-heatmap.png")
-        plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}")
+        classes = doc.get("client-classes")
+        order = group_order([classes[str(i)] for i in range(len(classes))]) if classes else None
+        ratios = last.get("alpha-structure", {}).get("ratio")
+        caption = " (clients ordered by class set)" if order else ""
+        plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}{caption}", order, ratios)
         history = np.stack([alpha_array(r["alpha"])[0] for r in with_alpha])
         drawn.append(directory / "alpha-evolution.png")
         plot_alpha_evolution([r["round"] for r in with_alpha], history, 0, drawn[-1], f"{name}: weights of client 0")

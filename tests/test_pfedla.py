@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
@@ -10,7 +12,8 @@ from conftest import run_config
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy
 from pflower.records import from_record, payload_bytes, to_record
-from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, mix
+from pflower.similarity import alpha_structure, group_order
+from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, layer_spread, mix
 
 SEGMENTS = [(0, 6), (6, 10)]  # two layers of a 10-parameter model
 
@@ -78,6 +81,66 @@ def test_two_groups_learn_to_aggregate_within_their_group():
     assert end > 0.8 and end > start + 0.25
 
 
+def test_the_step_does_not_depend_on_the_scale_of_a_layer():
+    """The loss per layer is divided by the layer's spread over clients: scaling one layer's
+    parameters (theta and trained alike) leaves the step, hence alpha, unchanged."""
+    torch.manual_seed(0)
+    theta = torch.randn(3, 10)
+    ids = torch.tensor([0, 1, 2])
+    trained = theta + 0.3 * torch.randn(3, 10)
+    big = torch.ones(10)
+    big[6:] = 1000.0  # layer 2 a thousand times larger
+    steps = []
+    for factor in (torch.ones(10), big):
+        hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
+        hypernetwork_update(hn, ids, theta * factor, trained * factor, SEGMENTS, lr=0.05)
+        steps.append(hn.alpha(ids).detach())
+    assert torch.allclose(steps[0], steps[1], atol=1e-5)
+    assert not torch.allclose(steps[0], HyperNetworks.create(3, 2, 8, 8, 100, seed=0).alpha(ids), atol=1e-4)
+
+
+def test_layer_spread_is_the_sum_of_squared_distances_to_the_mean():
+    theta = torch.tensor([[0.0, 1, 2, 3], [2.0, 1, 0, 3], [4.0, 1, 2, 0]])
+    got = layer_spread(theta, [(0, 1), (1, 4)], chunk=2)
+    assert torch.allclose(got, torch.tensor([8.0, 8 / 3 + 6], dtype=torch.float64))
+
+
+def test_retained_layers_take_no_part_in_the_hypernetwork_step():
+    """HeurpFedLA: a retained layer started from the client's own model, whatever the weights:
+    the step ignores its delta, and retaining every layer leaves the hypernetwork unchanged."""
+    torch.manual_seed(1)
+    theta = torch.randn(3, 10)
+    ids = torch.tensor([0, 1])
+    retained = torch.tensor([[True, False], [False, False]])
+    trained = theta[:2] + 0.3 * torch.randn(2, 10)
+    other = trained.clone()
+    other[0, :6] += 5.0  # only client 0's retained layer differs
+    after = []
+    for target in (trained, other):
+        hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
+        bar = hypernetwork_update(hn, ids, theta, target, SEGMENTS, lr=0.05, retained=retained)
+        assert torch.equal(bar[0, :6], theta[0, :6])  # what the client started from: its own layer
+        after.append(hn.params)
+    assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
+    hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
+    before = {k: v.clone() for k, v in hn.params.items()}
+    hypernetwork_update(hn, torch.tensor([0]), theta, trained[:1], SEGMENTS, lr=0.05, retained=torch.tensor([[True, True]]))
+    assert all(torch.equal(before[k], hn.params[k]) for k in before)
+
+
+def test_alpha_structure_on_hand_made_weights():
+    classes = [[0, 1], [0, 1], [2, 3], [2, 3]]
+    alpha = np.full((4, 1, 4), 0.1)
+    for i in range(4):
+        alpha[i, 0, i] = 0.5  # self, excluded from both means
+        alpha[i, 0, i ^ 1] = 0.3  # the other client of the same class set
+    st = alpha_structure(alpha, classes)
+    assert st["same"] == [pytest.approx(0.3)] and st["disjoint"] == [pytest.approx(0.1)]
+    assert st["ratio"] == [pytest.approx(3.0)] and st["overlap-correlation"][0] == pytest.approx(1.0)
+    assert alpha_structure(np.full((4, 1, 4), 0.25), classes)["overlap-correlation"] == [None]
+    assert group_order([[2, 3], [0, 1], [2, 3], [0, 1]]) == [1, 3, 0, 2]
+
+
 def _strategy_and_grid(grid_factory, tmp_path, **kw):
     cfg = run_config(num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path), **kw)
     strategy = build_strategy(load_settings(cfg))
@@ -93,9 +156,10 @@ def test_heurpfedla_does_not_send_retained_layers(grid_factory, tmp_path, k):
     with torch.no_grad():
         alpha = strategy.hn.alpha(torch.arange(strategy.num_clients))
         bar = mix(alpha, strategy.theta, strategy.segments)
+    mask = strategy.retained_layers(alpha, torch.arange(strategy.num_clients))
     for msg in msgs:
         cid = strategy.client_of[msg.metadata.dst_node_id]
-        retained = strategy.retained(alpha[cid], cid)
+        retained = {k for l, layer in enumerate(strategy.layers) if mask[cid, l] for k in layer.keys}
         full = to_record(strategy.spec.unflatten(bar[cid]))
         sent = from_record(msg.content["arrays"])
         assert all(torch.equal(sent[key], full_t) for key, full_t in strategy.spec.unflatten(bar[cid]).items() if key in sent)
@@ -160,3 +224,78 @@ def test_pflower_plot_redraws_figures_from_metrics(tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps({"config": {"method": "pfedla", "dataset": "digits"}, "rounds": rows}))
     assert main([str(tmp_path)]) == 0
     assert {p.name for p in tmp_path.glob("*.png")} == {"accuracy.png", "alpha-heatmap.png", "alpha-evolution.png"}
+
+
+def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_path):
+    """update_reference (the update-norm bound, the hypernetwork step) = the arrays sent, with the
+    retained layers from the client's own model: its personal state when the message came."""
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", top_k=2)
+    for rnd in (1, 2):
+        own = {strategy.node_of[c]: from_record(ctx.state["personal"]) if "personal" in ctx.state else None
+               for c, ctx in ((strategy.client_of[n], grid.contexts[n]) for n in grid.contexts)}  # fmt: skip
+        msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
+        for msg in msgs:
+            cid = strategy.client_of[msg.metadata.dst_node_id]
+            sent = from_record(msg.content["arrays"])
+            start = own[msg.metadata.dst_node_id] or strategy.spec.unflatten(strategy.initial)
+            ref = strategy.update_reference(cid)
+            assert len(set(strategy.spec.keys) - set(sent)) > 0
+            for key in strategy.spec.keys:
+                assert torch.allclose(ref[key], sent[key] if key in sent else start[key]), (rnd, cid, key)
+        strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
+
+
+def _evaluate_locally(cfg, cid, num_clients, state):
+    """A client's test metrics for a model state, computed outside Flower."""
+    from pflower.datasets import client_data
+    from pflower.models import build_model
+    from pflower.training import evaluate
+
+    s = load_settings(cfg)
+    model = build_model(s, s.image_shape, s.num_classes, s.seed)
+    model.load_state_dict(state, strict=False)
+    return evaluate(model, client_data(s, cid, num_clients)[1])
+
+
+@pytest.mark.parametrize("method", ["pfedla", "heurpfedla"])
+def test_pfedla_evaluates_the_personalized_model_as_the_server_sends_it(grid_factory, tmp_path, method):
+    """After a round, the evaluate message carries bar_theta_i from the updated weights and models
+    (retained layers left out), and the reported accuracy is that model's, not the trained one's."""
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method=method, top_k=1)
+    for rnd in (1, 2):
+        msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
+        strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
+    with torch.no_grad():
+        alpha = strategy.hn.alpha(torch.arange(3))
+        bar = mix(alpha, strategy.theta, strategy.segments)
+    msgs = strategy.configure_evaluate(2, strategy.global_arrays(), ConfigRecord({"server-round": 2}), grid)
+    replies = {strategy.client_of[r.metadata.src_node_id]: r for r in grid.send_and_receive(msgs)}
+    cfg = grid.contexts[100].run_config
+    for msg in msgs:
+        cid = strategy.client_of[msg.metadata.dst_node_id]
+        sent = from_record(msg.content["arrays"])
+        expected = strategy.spec.unflatten(bar[cid])
+        assert len(sent) == len(expected) - (2 if method == "heurpfedla" else 0)  # a retained layer: weight and bias
+        assert all(torch.allclose(sent[k], expected[k]) for k in sent)
+        personal = from_record(grid.contexts[msg.metadata.dst_node_id].state["personal"])
+        assert not all(torch.equal(personal[k], sent[k]) for k in sent)  # not the trained model
+        got = replies[cid].content["metrics"]
+        want = _evaluate_locally(cfg, cid, 3, {**personal, **sent})
+        assert got["accuracy"] == pytest.approx(want.accuracy) and got["loss"] == pytest.approx(want.loss, rel=1e-5)
+
+
+def test_alpha_leaves_uniform_on_a_real_model(grid_factory, tmp_path):
+    """Digits, 6 clients in 2 label groups, 4 rounds of 1 epoch: the weights on the own group
+    pull ahead in every layer; with hn-lr=0 they stay exactly at their initial values."""
+    runs = {}
+    for hn_lr in (0.05, 0.0):
+        cfg = run_config(partition="label-groups", label_groups=2, num_server_rounds=4, local_epochs=1, hn_lr=hn_lr,
+                         results_dir=str(tmp_path / str(hn_lr)))  # fmt: skip
+        build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 6))
+        runs[hn_lr] = json.loads((tmp_path / str(hn_lr) / "metrics.json").read_text())
+    learned, frozen = runs[0.05]["rounds"], runs[0.0]["rounds"]
+    assert all(r > 1.3 for r in learned[-1]["alpha-structure"]["ratio"])
+    assert np.abs(np.array([learned[-1]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() > 0.03
+    assert all(r["alpha"] == frozen[0]["alpha"] for r in frozen)
+    assert np.abs(np.array([frozen[0]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() < 0.005
+    assert runs[0.05]["evaluation"] == {"evaluates": "its personalized model as the server sends it (HeurpFedLA: its retained layers its own)", "finetune-epochs": 0}

@@ -7,25 +7,33 @@ Each round, from one snapshot of ``theta``:
 1. every sampled client i gets bar_theta_i, layer l = sum_j alpha_i^{l,j} theta_j^l;
 2. it trains locally and returns theta_i_new;
 3. the hypernetworks of the replying clients take one step that moves bar_theta_i toward
-   theta_i_new, then theta_i <- theta_i_new.
+   theta_i_new, then theta_i <- theta_i_new;
+4. every client evaluates its personalized model as the server sends it, from the new
+   weights and models (the paper's protocol): what it evaluates is what aggregation made.
 
 HeurpFedLA (``top-k`` > 0): the k layers with the highest self-weight alpha_i^{l,i} are
-retained by client i: they are left out of its message and the client keeps its own copy.
-The client still uploads every layer (others aggregate them).
+retained by client i: they are left out of its messages and the client uses its own copy.
+The client still uploads every layer (others aggregate them). A retained layer is not a
+function of the weights, so it gives the hypernetwork step no gradient.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from logging import INFO
+
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from pflower.config import ConfigError, Settings
 from pflower.models import Layer, layers
 from pflower.records import FlatSpec, to_record
+from pflower.similarity import alpha_structure
 from pflower.strategies.base import PflStrategy
-from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, mix
+from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_spread, mix
 from pflower.strategies.validation import Reply
 
 #: Record alpha of every client in metrics.json up to this many clients (N x layers x N numbers).
@@ -51,6 +59,7 @@ class PFedLA(PflStrategy):
         self.theta: torch.Tensor | None = None
         self.hn: HyperNetworks | None = None
         self._outgoing: dict[int, ArrayRecord] = {}
+        self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
 
     @classmethod
     def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
@@ -63,42 +72,65 @@ class PFedLA(PflStrategy):
         self.theta = self.initial.repeat(n, 1)
         self.hn = HyperNetworks.create(n, len(self.layers), s.hn_embedding_dim, s.hn_hidden_dim, s.hn_key_dim, s.seed)
 
-    def retained(self, alpha: torch.Tensor, client_id: int) -> set[str]:
-        """Keys of the ``top-k`` layers with the highest self-weight (alpha [L, N] of the client)."""
-        if self.top_k == 0:
-            return set()
-        top = torch.topk(alpha[:, client_id], self.top_k).indices.tolist()
-        return {k for l in top for k in self.layers[l].keys}
+    def retained_layers(self, alpha: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """[S, L] bool: the ``top-k`` layers of highest self-weight alpha[s, l, ids[s]] (alpha [S, L, N])."""
+        mask = torch.zeros(alpha.shape[:2], dtype=torch.bool)
+        if self.top_k:
+            own = alpha[torch.arange(len(ids)), :, ids]  # [S, L]
+            mask.scatter_(1, torch.topk(own, self.top_k, dim=1).indices, True)
+        return mask
+
+    def _prepare(self, ids: list[int]) -> dict[int, torch.Tensor]:
+        """bar_theta_i of ``ids`` from the current weights and models, as messages in ``_outgoing``
+        without their retained layers; returns each client's retained layers."""
+        retained = {}
+        with torch.no_grad():
+            for part in _chunks(ids):
+                idx = torch.tensor(part)
+                alpha = self.hn.alpha(idx)
+                mask = self.retained_layers(alpha, idx)
+                bar = mix(alpha, self.theta, self.segments)
+                for r, cid in enumerate(part):
+                    keep = {k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys}
+                    self._outgoing[cid] = to_record(self.spec.unflatten(bar[r]), [k for k in self.spec.keys if k not in keep])
+                    retained[cid] = mask[r]
+        return retained
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
         """Every sampled client's bar_theta_i, from this round's snapshot of ``theta``."""
         ids = self.sample(server_round)
-        with torch.no_grad():
-            for part in _chunks(ids):
-                alpha = self.hn.alpha(torch.tensor(part))
-                bar = mix(alpha, self.theta, self.segments)
-                for r, cid in enumerate(part):
-                    keys = [k for k in self.spec.keys if k not in self.retained(alpha[r], cid)]
-                    self._outgoing[cid] = to_record(self.spec.unflatten(bar[r]), keys)
-        return self._messages(ids, MessageType.TRAIN, self.train_arrays, server_round, config)
+        self.retained_in_training = self._prepare(ids)
+        return self._messages(ids, MessageType.TRAIN, self._pop, server_round, config)
 
-    def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        """Every client's personalized model after this round's update, as it would be sent for training."""
+        ids = sorted(self.node_of)
+        self._prepare(ids)
+        return self._messages(ids, MessageType.EVALUATE, self._pop, server_round, config)
+
+    def _pop(self, server_round: int, client_id: int) -> ArrayRecord:
         return self._outgoing.pop(client_id)
+
+    def _retained_mask(self, ids: Sequence[int]) -> torch.Tensor:
+        no = torch.zeros(len(self.layers), dtype=torch.bool)
+        return torch.stack([self.retained_in_training.get(c, no) for c in ids])
 
     def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
         """What the client trained from: bar_theta_i, with its retained layers its own model."""
+        idx = torch.tensor([client_id])
         with torch.no_grad():
-            alpha = self.hn.alpha(torch.tensor([client_id]))
-            state = self.spec.unflatten(mix(alpha, self.theta, self.segments)[0])
-        own = self.spec.unflatten(self.theta[client_id])
-        return {k: own[k] if k in self.retained(alpha[0], client_id) else v for k, v in state.items()}
+            alpha = keep_retained(self.hn.alpha(idx), idx, self._retained_mask([client_id]))
+            return self.spec.unflatten(mix(alpha, self.theta, self.segments)[0])
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Hypernetwork steps against the round's snapshot, then the new client models."""
-        for part in _chunks(replies):
-            ids = torch.tensor([r.client_id for r in part])
-            trained = self.spec.stack(r.arrays for r in part)
-            hypernetwork_update(self.hn, ids, self.theta, trained, self.segments, self.settings.hn_lr)
+        if self.settings.hn_lr > 0:
+            spread = layer_spread(self.theta, self.segments)
+            for part in _chunks(replies):
+                ids = [r.client_id for r in part]
+                trained = self.spec.stack(r.arrays for r in part)
+                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.settings.hn_lr,
+                                    retained=self._retained_mask(ids), spread=spread)  # fmt: skip
         for part in _chunks(replies):
             self.theta[torch.tensor([r.client_id for r in part])] = self.spec.stack(r.arrays for r in part)
 
@@ -112,9 +144,18 @@ class PFedLA(PflStrategy):
         self.hn = HyperNetworks({k: v.clone() for k, v in state["hn"].items()}, state["hn-keys"].clone())
 
     def round_extras(self, server_round: int) -> dict:
-        """The aggregation weights after this round: alpha[client][layer] = list over clients."""
+        """The weights after this round (alpha[client][layer] = list over clients) and, where the
+        clients said their classes, how the weights follow them (:func:`alpha_structure`)."""
         if self.num_clients > ALPHA_RECORD_LIMIT:
             return {}
         with torch.no_grad():
             alpha = self.hn.alpha(torch.arange(self.num_clients))
-        return {"alpha": {str(i): [[round(float(x), 5) for x in row] for row in a] for i, a in enumerate(alpha)}}
+        out: dict = {"alpha": {str(i): [[round(float(x), 5) for x in row] for row in a] for i, a in enumerate(alpha)}}
+        if len(self.client_classes) == self.num_clients:
+            structure = alpha_structure(alpha.numpy(), [self.client_classes[i] for i in range(self.num_clients)])
+            out["alpha-structure"] = structure
+            if server_round == self.settings.num_server_rounds:
+                ratios = ", ".join("-" if r is None else f"{r:.2f}" for r in structure["ratio"])
+                corr = ", ".join("-" if c is None else f"{c:.2f}" for c in structure["overlap-correlation"])
+                log(INFO, "Weights per layer: same-classes / disjoint-classes ratio %s; correlation with class overlap %s", ratios, corr)
+        return out
