@@ -167,11 +167,28 @@ def test_samples_per_client_split_over_classes_within_one():
     assert all(sorted(np.bincount(POOL[p])[np.bincount(POOL[p]) > 0].tolist()) == [2, 2, 3, 3] for p in parts)
 
 
-def test_samples_per_client_beyond_the_pool_names_the_key_and_the_most_it_can_give():
-    with pytest.raises(PartitionError, match=r"samples-per-client=2000 needs \d+ samples of class \d, the pool has 1000; at most \d+ per client"):
-        P.pathological(POOL, 10, 4, seed=0, samples_per_client=2000)
-    with pytest.raises(PartitionError, match="samples-per-client=5000 .* the pool has 1000"):
-        P.dominant(POOL, 10, 2, 0.8, seed=0, samples_per_client=5000)
+@pytest.mark.parametrize("partition", [
+    lambda labels, spc: P.pathological(labels, 10, 2, seed=0, samples_per_client=spc),
+    lambda labels, spc: P.dominant(labels, 20, 2, 0.8, seed=0, samples_per_client=spc),
+])
+def test_samples_per_client_beyond_the_pool_names_the_most_it_can_give(partition):
+    """The error names the key, the short class and the largest size that works (and it does)."""
+    import re
+
+    labels = np.concatenate([np.repeat(np.arange(9), 500), np.full(105, 9)])  # class 9 is short
+    with pytest.raises(PartitionError, match=r"samples-per-client=2000 needs \d+ samples of class \d, the pool has \d+") as err:
+        partition(labels, 2000)
+    most = int(re.search(r"at most (\d+) per client", str(err.value)).group(1))
+    assert all(len(p) == most for p in partition(labels, most))
+    with pytest.raises(PartitionError):
+        partition(labels, most + 1)
+
+
+def test_remainders_favour_no_class():
+    """Rounding extras land at random, not on the lowest class ids."""
+    parts = P.dominant(POOL, 20, 2, 0.8, seed=0, samples_per_client=100)
+    totals = np.bincount(np.concatenate([POOL[p] for p in parts]), minlength=10)
+    assert totals.max() - totals.min() < 12  # the lowest-id tie-break gave 208 .. 192
 
 
 def test_samples_per_client_reaches_client_data():

@@ -70,9 +70,12 @@ def _balanced_class_choice(num_clients: int, num_classes: int, k: int, rng: np.r
     return choice
 
 
-def _even_counts(total: int, k: int) -> np.ndarray:
-    """``total`` split into ``k`` counts that differ by at most one (the larger ones first)."""
-    return np.full(k, total // k) + (np.arange(k) < total % k)
+def _largest(feasible, start: int) -> int:
+    """The largest n <= ``start`` with ``feasible(n)`` (0 if none): what an error can offer."""
+    n = start
+    while n > 0 and not feasible(n):
+        n -= 1
+    return n
 
 
 def _too_few(samples_per_client: int, c: int, need: int, have: int, most: int) -> PartitionError:
@@ -99,11 +102,23 @@ def pathological(
     users = np.bincount(choice.ravel(), minlength=len(pools))
     per_class = min(len(pools[c]) // users[c] for c in range(len(pools)) if users[c] > 0)
     if samples_per_client:
-        counts = np.tile(_even_counts(samples_per_client, classes_per_client), (num_clients, 1))
-        need = np.zeros(len(pools), dtype=np.int64)
-        np.add.at(need, choice.ravel(), counts.ravel())
-        for c in np.flatnonzero(need > np.array([len(p) for p in pools])):
-            raise _too_few(samples_per_client, int(c), int(need[c]), len(pools[c]), per_class * classes_per_client)
+        have = np.array([len(p) for p in pools])
+        split = rng.permuted(np.tile(np.arange(classes_per_client), (num_clients, 1)), axis=1)  # which classes get the remainder
+
+        def counts_for(total: int) -> np.ndarray:
+            base = np.full((num_clients, classes_per_client), total // classes_per_client)
+            return base + (split < total % classes_per_client)
+
+        def need_for(total: int) -> np.ndarray:
+            need = np.zeros(len(pools), dtype=np.int64)
+            np.add.at(need, choice.ravel(), counts_for(total).ravel())
+            return need
+
+        counts, need = counts_for(samples_per_client), need_for(samples_per_client)
+        if (need > have).any():
+            c = int(np.argmax(need > have))
+            most = _largest(lambda t: bool((need_for(t) <= have).all()), min(samples_per_client - 1, len(labels) // num_clients))
+            raise _too_few(samples_per_client, c, int(need[c]), int(have[c]), most)
     elif per_class == 0:
         raise PartitionError(
             f"pathological partition: {num_clients} clients x {classes_per_client} classes "
@@ -133,12 +148,14 @@ def _split_by_proportions(pools: list[np.ndarray], props: np.ndarray) -> list[np
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def _largest_remainder(props: np.ndarray, total: int) -> np.ndarray:
-    """Integer counts per row that sum to ``total`` and follow ``props`` (rows sum to 1)."""
+def _largest_remainder(props: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
+    """Integer counts per row that sum to ``total`` and follow ``props`` (rows sum to 1); equal
+    remainders are broken at random, so no class is favoured for its id."""
     raw = props * total
     counts = np.floor(raw).astype(np.int64)
     short = total - counts.sum(axis=1)
-    order = np.argsort(-(raw - counts), axis=1, kind="stable")
+    jitter = rng.random(props.shape) * 1e-9
+    order = np.argsort(-(raw - counts + jitter), axis=1, kind="stable")
     for i, k in enumerate(short):
         counts[i, order[i, :k]] += 1
     return counts
@@ -164,11 +181,18 @@ def dominant(
         props[i, cls] = dominant_fraction / dominant_classes
     if not samples_per_client:
         return _split_by_proportions(pools, props)
-    counts = _largest_remainder(props, samples_per_client)
-    need, have = counts.sum(axis=0), np.array([len(p) for p in pools])
+    state = rng.bit_generator.state  # the same tie-breaks for every total tried below
+    have = np.array([len(p) for p in pools])
+
+    def counts_for(total: int) -> np.ndarray:
+        rng.bit_generator.state = state
+        return _largest_remainder(props, total, rng)
+
+    counts = counts_for(samples_per_client)
+    need = counts.sum(axis=0)
     if (need > have).any():
-        c = int(np.argmax(need - have))
-        most = int(samples_per_client * min(have[c2] / need[c2] for c2 in range(num_classes) if need[c2]))
+        c = int(np.argmax(need > have))
+        most = _largest(lambda t: bool((counts_for(t).sum(axis=0) <= have).all()), min(samples_per_client - 1, len(labels) // num_clients))
         raise _too_few(samples_per_client, c, int(need[c]), int(have[c]), most)
     starts = np.vstack([np.zeros(num_classes, dtype=np.int64), np.cumsum(counts, axis=0)[:-1]])
     return [np.sort(np.concatenate([pools[c][starts[i, c] : starts[i, c] + counts[i, c]] for c in range(num_classes)]))
