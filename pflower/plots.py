@@ -140,8 +140,8 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
     if with_alpha:
         last = with_alpha[-1]
         drawn.append(directory / "alpha-heatmap.png")
-        classes = doc.get("client-classes")
-        order = group_order([classes[str(i)] for i in range(len(classes))]) if classes else None
+        classes, n = doc.get("client-classes") or {}, len(last["alpha"])
+        order = group_order([classes[str(i)] for i in range(n)]) if all(str(i) in classes for i in range(n)) else None
         ratios = last.get("alpha-structure", {}).get("ratio")
         caption = " (clients ordered by class set)" if order else ""
         plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}{caption}", order, ratios)

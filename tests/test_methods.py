@@ -230,6 +230,7 @@ def test_evaluation_protocol_as_received_or_fine_tuned(grid_factory, tmp_path, m
         train, test = client_data(settings, cid, N)
         if epochs:
             seed = runtime(grid.contexts[node]).seed(1, stream=1)
+            assert seed != runtime(grid.contexts[node]).seed(1)  # not the training's minibatch order
             training.train(model, train, epochs=epochs, batch_size=settings.batch_size, lr=settings.lr, seed=seed)
         want = training.evaluate(model, test)
         assert got[node]["accuracy"] == pytest.approx(want.accuracy) and got[node]["loss"] == pytest.approx(want.loss, rel=1e-5)

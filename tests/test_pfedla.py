@@ -299,3 +299,45 @@ def test_alpha_leaves_uniform_on_a_real_model(grid_factory, tmp_path):
     assert all(r["alpha"] == frozen[0]["alpha"] for r in frozen)
     assert np.abs(np.array([frozen[0]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() < 0.005
     assert runs[0.05]["evaluation"] == {"evaluates": "its personalized model as the server sends it (HeurpFedLA: its retained layers its own)", "finetune-epochs": 0}
+
+
+def test_heurpfedla_client_whose_reply_was_lost_gets_every_layer_next(grid_factory, tmp_path):
+    """Client 0's round-1 reply is lost: it kept retained layers the server never saw, so its
+    round-2 message carries every layer (the reference is then exactly what it received), and
+    from round 3, with its reply accepted, it retains again."""
+    from flwr.app import Error, Message
+
+    cfg = run_config(method="heurpfedla", top_k=2, num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    lost = {"done": False}
+
+    def tamper(cid, reply):
+        if cid == 0 and reply.metadata.message_type == "train" and not lost["done"]:
+            lost["done"] = True
+            return Message(Error(code=0, reason="lost"), reply_to=grid.sent[-1])
+        return reply
+
+    grid = grid_factory(cfg, 3, tamper=tamper)
+    strategy.discover(grid, timeout=5)
+    sent_keys = {}
+    for rnd in (1, 2, 3):
+        msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
+        sent = {strategy.client_of[m.metadata.dst_node_id]: from_record(m.content["arrays"]) for m in msgs}
+        sent_keys[rnd] = {c: set(a) for c, a in sent.items()}
+        if rnd == 2:
+            ref = strategy.update_reference(0)
+            assert all(torch.equal(ref[k], sent[0][k]) for k in strategy.spec.keys)
+        strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
+    full = set(strategy.spec.keys)
+    assert sent_keys[1][0] != full and sent_keys[2][0] == full and sent_keys[3][0] != full
+    assert sent_keys[2][1] != full and sent_keys[2][2] != full  # the others kept retaining
+    assert strategy.state_dict()["unsynced"] == []
+
+
+def test_heatmap_is_drawn_when_some_clients_never_said_their_classes(tmp_path):
+    from pflower.plots import draw_run
+
+    alpha = {str(i): [[0.25] * 4 for _ in range(2)] for i in range(4)}
+    doc = {"config": {"method": "pfedla", "dataset": "digits"}, "client-classes": {"0": [1], "1": [1], "3": [2]},
+           "rounds": [{"round": 1, "accuracy": 0.5, "weighted-accuracy": 0.5, "alpha": alpha}]}  # fmt: skip
+    assert (tmp_path / "alpha-heatmap.png") in draw_run(doc, tmp_path)

@@ -189,9 +189,10 @@ def _lineage(msg: Message) -> str:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Who is this client: its stable id, how many clients there are, how much data it has and
-    of which classes (the server relates pFedLA's weights to them)."""
+    of which classes (its test split's: the training distribution, without label noise; the
+    server relates pFedLA's weights to them)."""
     rt = runtime(context)
-    classes = torch.unique(rt.train.y).tolist()
+    classes = torch.unique(rt.test.y).tolist()
     reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes})
     return Message(RecordDict({"metrics": reply}), reply_to=msg)
 

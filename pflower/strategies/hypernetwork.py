@@ -114,7 +114,7 @@ def mix(alpha: torch.Tensor, theta: torch.Tensor, segments: list[tuple[int, int]
 
 def layer_spread(theta: torch.Tensor, segments: list[tuple[int, int]], chunk: int = 64) -> torch.Tensor:
     """sum_j ||theta_j^l - mean_j theta_j^l||^2 per layer l: [L], in float64, ``chunk`` rows at a time."""
-    mean = theta.double().mean(0)
+    mean = theta.mean(0, dtype=torch.float64)
     out = torch.zeros(len(segments), dtype=torch.float64)
     for start in range(0, theta.shape[0], chunk):
         sq = (theta[start : start + chunk].double() - mean).square()

@@ -14,7 +14,9 @@ Each round, from one snapshot of ``theta``:
 HeurpFedLA (``top-k`` > 0): the k layers with the highest self-weight alpha_i^{l,i} are
 retained by client i: they are left out of its messages and the client uses its own copy.
 The client still uploads every layer (others aggregate them). A retained layer is not a
-function of the weights, so it gives the hypernetwork step no gradient.
+function of the weights, so it gives the hypernetwork step no gradient. A client whose last
+training reply the server did not accept (lost, rejected) may hold retained layers the server
+has not seen: its next message carries every layer, so what it starts from is known again.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class PFedLA(PflStrategy):
         self.hn: HyperNetworks | None = None
         self._outgoing: dict[int, ArrayRecord] = {}
         self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
+        self.unsynced: set[int] = set()  # trained, reply not accepted: own layers the server has not seen
 
     @classmethod
     def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
@@ -89,6 +92,7 @@ class PFedLA(PflStrategy):
                 idx = torch.tensor(part)
                 alpha = self.hn.alpha(idx)
                 mask = self.retained_layers(alpha, idx)
+                mask[[r for r, cid in enumerate(part) if cid in self.unsynced]] = False
                 bar = mix(alpha, self.theta, self.segments)
                 for r, cid in enumerate(part):
                     keep = {k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys}
@@ -100,6 +104,7 @@ class PFedLA(PflStrategy):
         """Every sampled client's bar_theta_i, from this round's snapshot of ``theta``."""
         ids = self.sample(server_round)
         self.retained_in_training = self._prepare(ids)
+        self.unsynced |= set(ids)  # until their replies are accepted
         return self._messages(ids, MessageType.TRAIN, self._pop, server_round, config)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
@@ -133,15 +138,18 @@ class PFedLA(PflStrategy):
                                     retained=self._retained_mask(ids), spread=spread)  # fmt: skip
         for part in _chunks(replies):
             self.theta[torch.tensor([r.client_id for r in part])] = self.spec.stack(r.arrays for r in part)
+        self.unsynced -= {r.client_id for r in replies}
 
     def state_dict(self) -> dict:
         """Client models, hypernetworks with embeddings and keys (plain SGD keeps no optimizer state)."""
-        return {**super().state_dict(), "theta": self.theta, "hn": dict(self.hn.params), "hn-keys": self.hn.keys}
+        return {**super().state_dict(), "theta": self.theta, "hn": dict(self.hn.params), "hn-keys": self.hn.keys,
+                "unsynced": sorted(self.unsynced)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.theta = state["theta"].clone()
         self.hn = HyperNetworks({k: v.clone() for k, v in state["hn"].items()}, state["hn-keys"].clone())
+        self.unsynced = set(state["unsynced"])
 
     def round_extras(self, server_round: int) -> dict:
         """The weights after this round (alpha[client][layer] = list over clients) and, where the
