@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.common.config import flatten_dict
 
 from pflower.launcher import simulation_superlink, submit
 from pflower.plots import plot_comparison, plot_mean_accuracy
@@ -66,7 +67,7 @@ def load_suite(path: Path, name: str) -> tuple[dict, list[Run]]:
             entry = {"method": entry} if isinstance(entry, str) else dict(entry)
             label = entry.pop("label", entry["method"])
             for seed in suite.get("seeds", [0]):
-                config = {**common, **grid.get("config", {}), **entry, "seed": seed}
+                config = flatten_dict({**common, **grid.get("config", {}), **entry, "seed": seed})
                 runs.append(Run(grid["name"], label, seed, int(grid.get("clients", 10)), config))
     return suite, runs
 

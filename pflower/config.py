@@ -1,34 +1,29 @@
 """Run configuration: validated once at start-up, typed everywhere after.
 
-The keys of ``[tool.flwr.app.config]`` (kebab-case) are the public interface; this module
-maps them onto :class:`Settings` and turns every problem into one :class:`ConfigError` that
-names the key, the value and what is allowed.
+The keys of ``[tool.flwr.app.config]`` (kebab-case) are the public interface. Keys every method
+shares are fields of :class:`Settings`; each method's own keys live under its name
+(``[tool.flwr.app.config.pfedla]`` in pyproject.toml, ``pfedla.hn-lr=0.1`` after ``-c``) and
+are checked by its declaration's parameters (:mod:`pflower.methods`): ``settings.params``. A
+key of another method is refused when it differs from that method's default. Every problem
+becomes one :class:`ConfigError` that names the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-Method = Literal["fedavg", "fedavg-ft", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "superfed", "doublehead", "federico"]
+from pflower.methods import MethodParams, declarations
+
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
 Aggregation = Literal["mean", "median", "trimmed-mean"]
 LabelNoise = Literal["none", "pair", "symmetric"]
 TestMode = Literal["local", "global", "both"]
-
-#: Methods whose server averages the uploaded arrays (where ``aggregation`` applies).
-AVERAGING_METHODS = ("fedavg", "fedavg-ft", "fedprox", "fedper", "fedrep", "fedbn", "superfed", "doublehead")
-
-#: Methods that can share their layers gradually (``gradual-interval``).
-GRADUAL_METHODS = ("fedavg", "fedavg-ft", "fedprox", "fedper", "fedrep", "fedbn", "doublehead")
-
-#: Methods whose evaluated predictor is one network that local epochs can fine-tune
-#: (``finetune-epochs``); SuPerFed evaluates a line of models, FedeRiCo a mixture of models.
-FINETUNE_METHODS = ("fedavg", "fedprox", "local", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla", "doublehead")
 
 #: Image shape (channels, height, width) and number of classes of each data source
 #: (EMNIST: the 'balanced' split). The server builds its model from these without data.
@@ -62,7 +57,7 @@ class Settings(BaseModel):
         alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
 
-    method: Method = "pfedla"
+    method: str = "pfedla"
     dataset: Dataset = "digits"
     data_dir: str = ""
     download: bool = False
@@ -98,22 +93,33 @@ class Settings(BaseModel):
     aggregation: Aggregation = "mean"
     trim_fraction: float = Field(0.2, ge=0, lt=0.5)
     client_threads: int = Field(1, ge=1)
-    proximal_mu: float = Field(0.01, ge=0)
-    fedrep_body_epochs: int = Field(1, ge=1)
-    hn_lr: float = Field(0.05, ge=0)
-    hn_embedding_dim: int = Field(100, ge=1)
-    hn_hidden_dim: int = Field(100, ge=1)
-    hn_key_dim: int = Field(100, ge=1)
-    top_k: int = Field(1, ge=0)
-    superfed_mixing: Literal["model", "layer"] = "model"
-    superfed_mu: float = Field(0.01, ge=0)
-    superfed_nu: float = Field(1.0, ge=0)
-    superfed_start: float = Field(0.4, ge=0, le=1)
     gradual_interval: int = Field(0, ge=0)
-    overlay_view_size: int = Field(4, ge=1)
-    federico_neighbours: int = Field(3, ge=1)
-    federico_epsilon: float = Field(0.3, ge=0, le=1)
-    federico_momentum: float = Field(0.5, gt=0, le=1)
+    #: The method's own keys (``<method>.<key>``), an instance of its declaration's ``params``.
+    params: SerializeAsAny[MethodParams] = MethodParams()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_defaults(cls, data: Any) -> Any:
+        """Without ``params``, the method's own keys take their defaults."""
+        if isinstance(data, dict) and "params" not in data:
+            method = data.get("method", "pfedla")
+            if isinstance(method, str) and method in declarations():
+                data = {**data, "params": declarations()[method].params()}
+        return data
+
+    @field_validator("method")
+    @classmethod
+    def _declared(cls, v: str) -> str:
+        if v not in declarations():
+            raise ValueError(f"must be one of {', '.join(repr(n) for n in declarations())}")
+        return v
+
+    @model_validator(mode="after")
+    def _params_of_the_method(self) -> "Settings":
+        want = declarations()[self.method].params
+        if type(self.params) is not want:
+            raise ValueError(f"params must be {want.__name__} for method '{self.method}', not {type(self.params).__name__}")
+        return self
 
     @property
     def num_classes(self) -> int:
@@ -146,13 +152,16 @@ class Settings(BaseModel):
         return paths
 
     def to_run_config(self) -> dict[str, Any]:
-        """The settings as run-config keys (what metrics.json records)."""
-        return self.model_dump(by_alias=True)
+        """The settings as run-config keys (what metrics.json records): the shared keys and the
+        method's own, ``<method>.<key>``."""
+        own = {f"{self.method}.{k}": v for k, v in self.params.model_dump(by_alias=True).items()}
+        return {**self.model_dump(by_alias=True, exclude={"params"}), **own}
 
 
 def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
-    """Rules that involve more than one key or the file system."""
+    """Rules that involve more than one key, the method's declaration or the file system."""
     problems: list[tuple[str, Any, str]] = []
+    method = declarations()[s.method]
     if s.dataset != "digits":
         if not s.data_dir:
             problems.append(("data-dir", s.data_dir, f"dataset '{s.dataset}' needs a data directory"))
@@ -169,31 +178,86 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological' or 'dominant' (0: use the whole pool)"))
     if s.partition == "pathological" and 0 < s.samples_per_client < s.classes_per_client:
         problems.append(("samples-per-client", s.samples_per_client, f"must be >= classes-per-client={s.classes_per_client} (or 0)"))
-    if s.finetune_epochs and s.method == "fedavg-ft":
-        problems.append(("finetune-epochs", s.finetune_epochs, "must be 0 for 'fedavg-ft', which fine-tunes 1 epoch by definition; for another number use method='fedavg'"))
-    elif s.finetune_epochs and s.method not in FINETUNE_METHODS:
-        problems.append(("finetune-epochs", s.finetune_epochs, f"must be 0 for '{s.method}', whose evaluated predictor is not one network; fine-tuning is for {', '.join(FINETUNE_METHODS)}"))
-    if s.aggregation != "mean" and s.method not in AVERAGING_METHODS:
-        problems.append(("aggregation", s.aggregation, f"only for the averaging methods {', '.join(AVERAGING_METHODS)}"))
-    if s.gradual_interval and s.method not in GRADUAL_METHODS:
-        problems.append(("gradual-interval", s.gradual_interval, f"must be 0 for '{s.method}'; gradual sharing is for {', '.join(GRADUAL_METHODS)}"))
+    if s.finetune_epochs and method.no_finetune:
+        problems.append(("finetune-epochs", s.finetune_epochs, f"must be 0 for '{s.method}': {method.no_finetune}"))
+    averaging = [n for n, m in declarations().items() if m.averages]
+    if s.aggregation != "mean" and not method.averages:
+        problems.append(("aggregation", s.aggregation, f"only for the averaging methods {', '.join(averaging)}"))
+    gradual = [n for n, m in declarations().items() if m.gradual]
+    if s.gradual_interval and not method.gradual:
+        problems.append(("gradual-interval", s.gradual_interval, f"must be 0 for '{s.method}'; gradual sharing is for {', '.join(gradual)}"))
+    return problems
+
+
+def known_keys() -> list[str]:
+    """Every run-config key: the shared ones and ``<method>.<key>`` of every method."""
+    shared = [f.alias or n for n, f in Settings.model_fields.items() if n != "params"]
+    own = [f"{name}.{f.alias or k}" for name, m in declarations().items() for k, f in m.params.model_fields.items()]
+    return shared + own
+
+
+def _unknown(key: str) -> str:
+    """'unknown key', with the closest known key (a shared key, or a method's under its name)."""
+    known = known_keys()
+    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not match:  # a method's key given without its method: 'top-k' for 'heurpfedla.top-k'
+        tails = {k.partition(".")[2]: k for k in known if "." in k}
+        hit = difflib.get_close_matches(key.partition(".")[2] or key, list(tails), n=1, cutoff=0.8)
+        match = [tails[hit[0]]] if hit else []
+    return f"unknown key; did you mean '{match[0]}'?" if match else "unknown key"
+
+
+def _validation_problems(err: ValidationError, prefix: str = "") -> list[tuple[str, Any, str]]:
+    problems = []
+    for e in err.errors():
+        key = prefix + (str(e["loc"][0]) if e["loc"] else "?")
+        why = _unknown(key) if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        problems.append((key, e.get("input"), why))
     return problems
 
 
 def load_settings(run_config: dict[str, Any]) -> Settings:
-    """Validate a Flower run config; raise one ConfigError listing every bad key."""
+    """Validate a Flower run config; raise one ConfigError listing every bad key.
+
+    Keys ``<method>.<key>`` go to that method's parameters: the chosen method's are validated,
+    another method's are refused where they differ from its default (they would do nothing).
+    """
+    shared: dict[str, Any] = {}
+    spaced: dict[str, dict[str, Any]] = {}
+    for key, value in run_config.items():
+        space, dot, sub = key.partition(".")
+        if dot:
+            spaced.setdefault(space, {})[sub] = value
+        else:
+            shared[key] = value
+    problems: list[tuple[str, Any, str]] = []
+    methods = declarations()
+    for space, keys in spaced.items():
+        if space not in methods:
+            problems += [(f"{space}.{k}", v, f"no method '{space}' (methods: {', '.join(methods)})") for k, v in keys.items()]
+    method = shared.get("method", "pfedla")
+    params = None
+    for space, keys in spaced.items():
+        if space not in methods:
+            continue
+        model = methods[space].params
+        if space == method:
+            try:
+                params = model.model_validate(keys)
+            except ValidationError as err:
+                problems += _validation_problems(err, f"{space}.")
+            continue
+        defaults = model().model_dump(by_alias=True)
+        for k, v in keys.items():
+            if k not in defaults:
+                problems.append((f"{space}.{k}", v, _unknown(f"{space}.{k}")))
+            elif v != defaults[k]:
+                problems.append((f"{space}.{k}", v, f"belongs to method '{space}', but method is '{method}'"))
     try:
-        settings = Settings.model_validate(dict(run_config))
+        settings = Settings.model_validate({**shared, **({"params": params} if params is not None else {})})
     except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            key = str(e["loc"][0]) if e["loc"] else "?"
-            why = e["msg"]
-            if e["type"] == "extra_forbidden":
-                why = "unknown key"
-            problems.append((key, e.get("input"), why))
-        raise ConfigError(problems) from None
-    problems = _check_consistency(settings)
+        raise ConfigError(problems + _validation_problems(err)) from None
+    problems += _check_consistency(settings)
     if problems:
         raise ConfigError(problems)
     return settings

@@ -150,7 +150,7 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
         plot_alpha_evolution([r["round"] for r in with_alpha], history, 0, drawn[-1], f"{name}: weights of client 0")
     if any("lambda-curve" in r for r in rounds):
         drawn.append(directory / "lambda.png")
-        plot_lambda_curves(rounds, drawn[-1], f"{name} ({cfg.get('superfed-mixing', '')} mixing): accuracy vs lambda")
+        plot_lambda_curves(rounds, drawn[-1], f"{name} ({cfg.get('superfed.mixing', '')} mixing): accuracy vs lambda")
     with_w = [r for r in rounds if r.get("collaboration-weights")]
     if with_w:
         drawn.append(directory / "collaboration-weights.png")

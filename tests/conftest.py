@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.config import flatten_dict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
-DEFAULTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+DEFAULTS = flatten_dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
 
 
 #: xdist groups, longest first: collected first, each starts on a worker of its own at once
@@ -32,13 +33,27 @@ def pytest_collection_modifyitems(items):
 
 
 def run_config(**overrides) -> dict:
-    """pyproject's run config with overrides given as python names (lr=..., num_server_rounds=...)."""
+    """pyproject's run config with overrides given as python names: shared keys as they are
+    (lr=..., num_server_rounds=...), a method's own keys after its name and a double underscore
+    (heurpfedla__top_k=2 for 'heurpfedla.top-k')."""
     cfg = dict(DEFAULTS)
     for k, v in overrides.items():
-        key = k.replace("_", "-")
+        key = k.replace("__", ".").replace("_", "-")
         assert key in cfg, f"unknown run-config key {key}"
         cfg[key] = v
     return cfg
+
+
+def representatives() -> dict[str, dict]:
+    """One method per server strategy (the first by name), with its declared example config:
+    the distinct server paths that end-to-end tests run."""
+    from pflower.methods import declarations
+
+    chosen: dict[str, dict] = {}
+    for name, m in declarations().items():
+        if m.strategy not in {declarations()[c].strategy for c in chosen}:
+            chosen[name] = dict(m.example)
+    return chosen
 
 
 class InProcessGrid(Grid):

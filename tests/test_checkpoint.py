@@ -6,7 +6,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from conftest import assert_same_state, run_config
+from conftest import assert_same_state, representatives, run_config
 from pflower.checkpoint import CHECKPOINT, load_checkpoint
 from pflower.client_app.store import KEEP, StateStore
 from pflower.config import ConfigError, load_settings
@@ -14,8 +14,8 @@ from pflower.methods import build_strategy
 from pflower.records import from_record, to_record
 
 
-def _run(grid_factory, results, rounds, resume="", **kw):
-    cfg = run_config(num_server_rounds=rounds, local_epochs=1, results_dir=str(results), resume_from=resume, **kw)
+def _run(grid_factory, results, rounds, resume="", extra=None, **kw):
+    cfg = {**run_config(num_server_rounds=rounds, local_epochs=1, results_dir=str(results), resume_from=resume, **kw), **(extra or {})}
     settings = load_settings(cfg)
     checkpoint = load_checkpoint(settings) if resume else None
     strategy = build_strategy(settings)
@@ -27,13 +27,16 @@ def _without_time(rounds):
     return [{k: v for k, v in r.items() if k != "wall-seconds"} for r in rounds]
 
 
-@pytest.mark.parametrize(
-    "method,extra",
-    [("pfedla", {}), ("heurpfedla", {"top_k": 2}), ("fedavg", {}), ("fedper", {}), ("local", {})],
-)
+#: SuPerFed starts mixing at a share of num-server-rounds, so a 2-round first leg is another
+#: schedule than the first half of a 4-round run; from round 1 on (start 0) the two are one run.
+RESUMED = {**representatives(), "superfed": {**representatives()["superfed"], "superfed.start": 0.0}}
+
+
+@pytest.mark.parametrize("method,extra", [*RESUMED.items(), ("heurpfedla", {"heurpfedla.top-k": 2})])
 def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method, extra):
-    """2 rounds, then a new federation (fresh client contexts) resumes to 4: same metrics, same state."""
-    kw = dict(method=method, fraction_train=0.67, **extra)
+    """2 rounds, then a new federation (fresh client contexts) resumes to 4: same metrics, same state.
+    One method per server strategy (their example configs), and HeurpFedLA retaining 2 layers."""
+    kw = dict(method=method, fraction_train=0.67, extra=extra)
     full, full_doc = _run(grid_factory, tmp_path / "full", 4, **kw)
     _run(grid_factory, tmp_path / "first", 2, **kw)
     resumed, doc = _run(grid_factory, tmp_path / "second", 4, resume=str(tmp_path / "first"), **kw)
@@ -43,7 +46,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method
 
 
 def test_chained_resumption_is_exact(tmp_path, grid_factory):
-    kw = dict(method="heurpfedla", fraction_train=0.34, top_k=1)
+    kw = dict(method="heurpfedla", fraction_train=0.34, heurpfedla__top_k=1)
     _, full = _run(grid_factory, tmp_path / "full", 5, **kw)
     _run(grid_factory, tmp_path / "a", 2, **kw)
     _run(grid_factory, tmp_path / "b", 3, resume=str(tmp_path / "a"), **kw)

@@ -3,12 +3,38 @@
 import pytest
 
 from conftest import DEFAULTS, MNIST_DIR, run_config
-from pflower.config import ConfigError, Settings, load_settings
+from pflower.config import ConfigError, known_keys, load_settings
 
 
-def test_pyproject_defaults_are_the_model_defaults():
-    assert load_settings(DEFAULTS).to_run_config() == Settings().to_run_config()
-    assert set(DEFAULTS) == set(Settings().to_run_config())
+def test_pyproject_defaults_are_the_declared_defaults():
+    """pyproject.toml lists every key (every method's under its name) with the declared default."""
+    from pflower.methods import declarations
+
+    assert set(DEFAULTS) == set(known_keys())
+    for name in declarations():
+        assert load_settings({**DEFAULTS, "method": name}).to_run_config() == {
+            k: v for k, v in DEFAULTS.items() if "." not in k or k.startswith(f"{name}.")} | {"method": name}  # fmt: skip
+
+
+def test_a_key_of_another_method_is_refused_naming_both_methods():
+    with pytest.raises(ConfigError, match=r"'superfed.mu' = 5.0 is not allowed: belongs to method 'superfed', but method is 'fedavg'"):
+        load_settings(run_config(method="fedavg", superfed__mu=5.0))
+    assert load_settings(run_config(method="fedavg")).params == load_settings(run_config(method="local")).params  # defaults pass
+    with pytest.raises(ConfigError, match=r"'foo.bar' .* no method 'foo'"):
+        load_settings({**DEFAULTS, "foo.bar": 1})
+
+
+@pytest.mark.parametrize("key,suggestion", [("num-rounds", "num-server-rounds"), ("hn-lr", "pfedla.hn-lr"), ("top-k", "heurpfedla.top-k"),
+                                            ("superfed-mu", "superfed.mu"), ("pfedla.hn_lr", "pfedla.hn-lr")])  # fmt: skip
+def test_unknown_key_names_the_closest_known_key(key, suggestion):
+    with pytest.raises(ConfigError, match=f"'{key}' = 5 is not allowed: unknown key; did you mean '{suggestion}'"):
+        load_settings({**DEFAULTS, key: 5})
+
+
+def test_method_params_are_the_chosen_methods():
+    s = load_settings(run_config(method="fedprox", fedprox__mu=0.5))
+    assert s.params.mu == 0.5 and s.to_run_config()["fedprox.mu"] == 0.5 and "pfedla.hn-lr" not in s.to_run_config()
+    assert hash(s) == hash(load_settings(run_config(method="fedprox", fedprox__mu=0.5)))  # cached per process by value
 
 
 @pytest.mark.parametrize(
@@ -18,7 +44,7 @@ def test_pyproject_defaults_are_the_model_defaults():
         ("optimizer", "rmsprop", "'sgd' or 'adam'"),
         ("test-mode", "everywhere", "'local', 'global' or 'both'"),
         ("gradual-interval", -1, "greater than or equal to 0"),
-        ("federico-epsilon", 1.5, "less than or equal to 1"),
+        ("federico.epsilon", 1.5, "less than or equal to 1"),
         ("lr", -0.1, "greater than 0"),
         ("fraction-train", 0.0, "greater than 0"),
         ("fraction-train", 1.5, "less than or equal to 1"),
@@ -33,7 +59,8 @@ def test_pyproject_defaults_are_the_model_defaults():
 )
 def test_bad_value_names_key_value_and_rule(key, value, fragment):
     with pytest.raises(ConfigError) as err:
-        load_settings(run_config(**{key.replace("-", "_"): value}))
+        method = {"method": key.partition(".")[0]} if "." in key else {}
+        load_settings(run_config(**method, **{key.replace(".", "__").replace("-", "_"): value}))
     msg = str(err.value)
     assert f"'{key}'" in msg and repr(value) in msg and fragment in msg
 
@@ -68,11 +95,11 @@ def test_cross_key_rules():
         load_settings(run_config(partition="dirichlet", samples_per_client=100))
     with pytest.raises(ConfigError, match="'samples-per-client' = 3 .* >= classes-per-client=4"):
         load_settings(run_config(samples_per_client=3))
-    with pytest.raises(ConfigError, match="'finetune-epochs' = 1 .* 'superfed', whose evaluated predictor is not one network"):
+    with pytest.raises(ConfigError, match="'finetune-epochs' = 1 .* must be 0 for 'superfed': its prediction is a line of models"):
         load_settings(run_config(method="superfed", finetune_epochs=1))
-    with pytest.raises(ConfigError, match="'finetune-epochs' = 2 .* 'fedavg-ft', which fine-tunes 1 epoch by definition"):
+    with pytest.raises(ConfigError, match="'finetune-epochs' = 2 .* must be 0 for 'fedavg-ft': it fine-tunes 1 epoch by definition"):
         load_settings(run_config(method="fedavg-ft", finetune_epochs=2))
-    assert load_settings(run_config(hn_lr=0.0)).hn_lr == 0.0  # frozen hypernetworks: the ablation
+    assert load_settings(run_config(pfedla__hn_lr=0.0)).params.hn_lr == 0.0  # frozen hypernetworks: the ablation
 
 
 @pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST test set not present")

@@ -99,7 +99,7 @@ def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(
     first, second = tmp_path / "first", tmp_path / "second"
     # A generous timeout: the dead node's phases end when the SuperLink marks it offline (its
     # heartbeats lapse, about a minute), and the healthy nodes must never miss one under load.
-    base = "method='heurpfedla' top-k=1 local-epochs=2 round-timeout=120"
+    base = "method='heurpfedla' heurpfedla.top-k=1 local-epochs=2 round-timeout=120"
     outcome = {}
     runner = threading.Thread(
         target=lambda: outcome.update(zip(("id", "status", "log"), crash_deployment.submit(app, f"{base} num-server-rounds=4 results-dir='{first}'")))

@@ -15,14 +15,14 @@ def test_resume_on_flower_continues_exactly(superlink, tmp_path, grid_factory):
     """2 rounds on Flower, then a second `flwr run` with resume-from (new run, new ClientApp
     contexts) to round 3: the same rows as one uninterrupted 3-round run (in process, which
     equals Flower's: see test_simulation_equals_in_process_run)."""
-    base = "method='heurpfedla' top-k=1 fraction-train=0.67 local-epochs=1"
+    base = "method='heurpfedla' heurpfedla.top-k=1 fraction-train=0.67 local-epochs=1"
     runs = {}
     for name, rounds, resume in (("first", 2, ""), ("second", 3, tmp_path / "first")):
         _, status, log = _run(superlink, f"{base} num-server-rounds={rounds} results-dir='{tmp_path / name}' resume-from='{resume}'")
         assert status == "finished:completed", log
         runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
     assert "Resuming lineage" in log
-    cfg = run_config(method="heurpfedla", top_k=1, fraction_train=0.67, local_epochs=1, num_server_rounds=3, results_dir=str(tmp_path / "full"))
+    cfg = run_config(method="heurpfedla", heurpfedla__top_k=1, fraction_train=0.67, local_epochs=1, num_server_rounds=3, results_dir=str(tmp_path / "full"))
     build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
     runs["full"] = json.loads((tmp_path / "full" / "metrics.json").read_text())
     strip = lambda doc: [{k: v for k, v in r.items() if k != "wall-seconds"} for r in doc["rounds"]]  # noqa: E731

@@ -197,7 +197,7 @@ def test_federico_is_deterministic_for_a_seed(grid_factory, tmp_path):
 
 
 def test_a_client_that_drops_out_leaves_every_view_and_the_rounds_go_on(grid_factory, tmp_path):
-    cfg = run_config(method="federico", num_server_rounds=6, local_epochs=1, results_dir=str(tmp_path), overlay_view_size=3)
+    cfg = run_config(method="federico", num_server_rounds=6, local_epochs=1, results_dir=str(tmp_path), federico__view_size=3)
     strategy = build_strategy(load_settings(cfg))
     grid = grid_factory(cfg, 6)
     real = strategy.run_round

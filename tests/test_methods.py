@@ -11,7 +11,7 @@ from conftest import run_config
 from pflower import training
 from pflower.client_app.app import PERSONAL
 from pflower.config import load_settings
-from pflower.methods import METHODS, build_strategy
+from pflower.methods import build_strategy, declarations
 from pflower.models import communicable_keys, keys_under, norm_keys
 from pflower.records import from_record, to_record
 
@@ -75,7 +75,7 @@ def test_head_stays_personal(grid_factory, tmp_path, method):
 
 
 def test_fedrep_trains_head_then_body(monkeypatch, grid_factory, tmp_path):
-    settings, strategy, grid = _setup(grid_factory, tmp_path, method="fedrep", fedrep_body_epochs=2)
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method="fedrep", fedrep__body_epochs=2)
     calls = []
     real = training.train
 
@@ -95,7 +95,7 @@ def test_fedrep_trains_head_then_body(monkeypatch, grid_factory, tmp_path):
 def test_fedprox_stays_closer_to_the_global_model(grid_factory, tmp_path):
     dist = {}
     for mu in (0.0, 5.0):
-        _, strategy, grid = _setup(grid_factory, tmp_path, method="fedprox", proximal_mu=mu)
+        _, strategy, grid = _setup(grid_factory, tmp_path, method="fedprox", fedprox__mu=mu)
         msgs, replies = _train_round(strategy, grid)
         sent, got = from_record(msgs[0].content["arrays"]), from_record(replies[0].content["arrays"])
         dist[mu] = sum(float((got[k] - sent[k]).norm() ** 2) for k in sent) ** 0.5
@@ -104,8 +104,8 @@ def test_fedprox_stays_closer_to_the_global_model(grid_factory, tmp_path):
 
 def test_fedprox_with_mu_zero_is_fedavg(grid_factory, tmp_path):
     out = {}
-    for method in ("fedavg", "fedprox"):
-        _, strategy, grid = _setup(grid_factory, tmp_path, method=method, proximal_mu=0.0)
+    for method, own in (("fedavg", {}), ("fedprox", {"fedprox__mu": 0.0})):
+        _, strategy, grid = _setup(grid_factory, tmp_path, method=method, **own)
         _, replies = _train_round(strategy, grid)
         out[method] = from_record(replies[1].content["arrays"])
     assert all(torch.allclose(out["fedavg"][k], out["fedprox"][k], atol=1e-6) for k in out["fedavg"])
@@ -174,10 +174,9 @@ def test_sampling_depends_only_on_seed_and_round(grid_factory, tmp_path):
     assert len({tuple(a.sample(r)) for r in range(1, 6)}) > 1
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(declarations()))
 def test_full_run_in_process_writes_metrics(grid_factory, tmp_path, method):
-    cfg = run_config(method=method, num_server_rounds=3, results_dir=str(tmp_path),
-                     model="cnn-bn" if method == "fedbn" else "auto")  # fmt: skip
+    cfg = {**run_config(method=method, num_server_rounds=3, results_dir=str(tmp_path)), **declarations()[method].example}
     grid = grid_factory(cfg, N)
     build_strategy(load_settings(cfg)).start(grid=grid)
     doc = json.loads((tmp_path / "metrics.json").read_text())

@@ -151,7 +151,7 @@ def _strategy_and_grid(grid_factory, tmp_path, **kw):
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_heurpfedla_does_not_send_retained_layers(grid_factory, tmp_path, k):
-    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", top_k=k)
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", heurpfedla__top_k=k)
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
     with torch.no_grad():
         alpha = strategy.hn.alpha(torch.arange(strategy.num_clients))
@@ -179,8 +179,8 @@ def test_pfedla_k0_sends_the_whole_personalized_model(grid_factory, tmp_path):
 
 
 def test_top_k_larger_than_layers_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="'top-k' = 9 .* <= 4"):
-        build_strategy(load_settings(run_config(method="heurpfedla", top_k=9, results_dir=str(tmp_path))))
+    with pytest.raises(ConfigError, match="'heurpfedla.top-k' = 9 .* <= 4"):
+        build_strategy(load_settings(run_config(method="heurpfedla", heurpfedla__top_k=9, results_dir=str(tmp_path))))
 
 
 def test_server_keeps_trained_models_and_updates_only_replying_hypernetworks(grid_factory, tmp_path):
@@ -229,7 +229,7 @@ def test_pflower_plot_redraws_figures_from_metrics(tmp_path):
 def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_path):
     """update_reference (the update-norm bound, the hypernetwork step) = the arrays sent, with the
     retained layers from the client's own model: its personal state when the message came."""
-    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", top_k=2)
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", heurpfedla__top_k=2)
     for rnd in (1, 2):
         own = {strategy.node_of[c]: from_record(ctx.state["personal"]) if "personal" in ctx.state else None
                for c, ctx in ((strategy.client_of[n], grid.contexts[n]) for n in grid.contexts)}  # fmt: skip
@@ -261,7 +261,7 @@ def _evaluate_locally(cfg, cid, num_clients, state):
 def test_pfedla_evaluates_the_personalized_model_as_the_server_sends_it(grid_factory, tmp_path, method):
     """After a round, the evaluate message carries bar_theta_i from the updated weights and models
     (retained layers left out), and the reported accuracy is that model's, not the trained one's."""
-    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method=method, top_k=1)
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method=method, heurpfedla__top_k=1)
     for rnd in (1, 2):
         msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
@@ -289,7 +289,7 @@ def test_alpha_leaves_uniform_on_a_real_model(grid_factory, tmp_path):
     pull ahead in every layer; with hn-lr=0 they stay exactly at their initial values."""
     runs = {}
     for hn_lr in (0.05, 0.0):
-        cfg = run_config(partition="label-groups", label_groups=2, num_server_rounds=4, local_epochs=1, hn_lr=hn_lr,
+        cfg = run_config(partition="label-groups", label_groups=2, num_server_rounds=4, local_epochs=1, pfedla__hn_lr=hn_lr,
                          results_dir=str(tmp_path / str(hn_lr)))  # fmt: skip
         build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 6))
         runs[hn_lr] = json.loads((tmp_path / str(hn_lr) / "metrics.json").read_text())
@@ -307,7 +307,7 @@ def test_heurpfedla_client_whose_reply_was_lost_gets_every_layer_next(grid_facto
     from round 3, with its reply accepted, it retains again."""
     from flwr.app import Error, Message
 
-    cfg = run_config(method="heurpfedla", top_k=2, num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path))
+    cfg = run_config(method="heurpfedla", heurpfedla__top_k=2, num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
     lost = {"done": False}
 

@@ -13,19 +13,17 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from conftest import InProcessGrid, assert_same_state, run_config
 from pflower.config import ConfigError, load_settings
-from pflower.methods import build_strategy
+from pflower.methods import build_strategy, declarations
 from pflower.records import from_record, to_record
 
 N = 4
 MAX_NORM = 1e3
+#: Every method whose server takes training replies (the declarations; FedeRiCo's relay has its
+#: own gate tests), with its example config, and FedAvg's two robust averages.
 METHODS = {
-    "fedavg": {},
-    "fedper": {},
+    **{name: dict(m.example) for name, m in declarations().items() if m.strategy != declarations()["federico"].strategy},
     "fedavg-median": {"method": "fedavg", "aggregation": "median"},
-    "fedavg-trimmed": {"method": "fedavg", "aggregation": "trimmed-mean", "trim_fraction": 0.25},
-    "pfedla": {},
-    "heurpfedla": {"top_k": 1},
-    "local": {},
+    "fedavg-trimmed": {"method": "fedavg", "aggregation": "trimmed-mean", "trim-fraction": 0.25},
 }
 
 # Each corruption and the reason it must be counted under.
@@ -51,9 +49,9 @@ ARRAY_CORRUPTIONS = {"missing-array", "extra-array", "shape", "dtype", "nan", "i
 @lru_cache(maxsize=None)
 def _round_one(name: str):
     """A strategy after discovery, its round-1 messages and the genuine replies (built once)."""
-    kw = dict(METHODS[name])
-    method = kw.pop("method", name)
-    cfg = run_config(method=method, local_epochs=1, max_update_norm=MAX_NORM, results_dir="/tmp/pflower-robustness", **kw)
+    extra = dict(METHODS[name])
+    method = extra.pop("method", name)
+    cfg = {**run_config(method=method, local_epochs=1, max_update_norm=MAX_NORM, results_dir="/tmp/pflower-robustness"), **extra}
     strategy = build_strategy(load_settings(cfg))
     from pflower.client_app import app
 

@@ -4,20 +4,17 @@ import json
 
 import pytest
 
-from conftest import run_on_flower as _run
+from conftest import representatives, run_on_flower as _run
+from pflower.bench import run_config_string
 
 pytestmark = pytest.mark.xdist_group("simulation")
 
-# One run per distinct server/client path on real Flower (FedAvg, SuPerFed, the double head with
-# gradual sharing, FedeRiCo's relay); pFedLA runs on Flower in test_simulation_equals_in_process_run
-# (HeurpFedLA in test_faults and the deployment tests). Local and the FedAvg-family client
-# variants (FedProx, FedPer, FedRep, FedBN) run the same glue and are covered in process.
-METHOD_CONFIGS = {
-    "fedavg": "",
-    "superfed": "superfed-mixing='layer' superfed-start=0.3",
-    "doublehead": "gradual-interval=1 test-mode='both'",
-    "federico": "partition='label-groups'",
-}
+# One run per distinct server on real Flower (conftest.representatives: the first method of
+# each strategy with its declared example: the double head with gradual sharing for FedAvg's
+# server, FedeRiCo's relay, HeurpFedLA, Local, SuPerFed); pFedLA is also in
+# test_simulation_equals_in_process_run. The other client variants run the same glue and
+# are covered in process (tests/test_methods.py runs every method).
+METHOD_CONFIGS = {name: run_config_string(example) for name, example in representatives().items()}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
@@ -34,7 +31,7 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["weighted-accuracy"] <= 1.0
         assert r["loss"] > 0 and r["wall-seconds"] > 0
         assert r["missing"] == [] and r["rejected"] == {}
-        assert r["bytes-down"] > 0 and r["bytes-up"] > 0
+        assert (r["bytes-down"] > 0 and r["bytes-up"] > 0) == (method != "local")
     assert rounds[-1]["accuracy"] > 0.3  # learned something in 3 rounds on digits
     if method == "federico":  # the relay's four steps, and every client's collaboration weights
         assert all(set(r["relayed-bytes"]) == {"plan", "serve", "use", "update"} for r in rounds)
@@ -70,8 +67,8 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
 def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path):
     """A key the strategy refuses (after the schema accepted every value; the schema's own
     messages are in test_config) ends the Flower run as failed, with one line and no traceback."""
-    run_id, status, log = _run(superlink, f"method='heurpfedla' top-k=9 results-dir='{tmp_path}'")
+    run_id, status, log = _run(superlink, f"method='heurpfedla' heurpfedla.top-k=9 results-dir='{tmp_path}'")
     assert status == "finished:failed"
-    assert "run config key 'top-k' = 9 is not allowed: must be <= 4 (layers of the model)" in log
+    assert "run config key 'heurpfedla.top-k' = 9 is not allowed: must be <= 4 (layers of the model)" in log
     assert "Traceback" not in log
     assert not (tmp_path / "metrics.json").exists()

@@ -8,7 +8,8 @@ import torch
 
 from conftest import run_config
 from pflower.client_app.base import ClientMethod
-from pflower.client_app.superfed import POOLED_KEY, SuperFedClient, VALIDATION_FRACTION, choose_lambda, holdout
+from pflower.client_app.superfed import SuperFedClient, VALIDATION_FRACTION, choose_lambda, holdout
+from pflower.methods.superfed import POOLED_KEY
 from pflower.config import load_settings
 from pflower.datasets import client_data
 from pflower.datasets.partition import noisy_labels
@@ -24,7 +25,7 @@ def _settings(**kw):
 
 
 def test_lambda_zero_without_penalties_is_exactly_fedavgs_client_update():
-    s = _settings(superfed_mu=0.0, superfed_nu=0.0, superfed_start=1.0, local_epochs=2)
+    s = _settings(superfed__mu=0.0, superfed__nu=0.0, superfed__start=1.0, local_epochs=2)
     train, _ = client_data(s, 0, 3)
     mixed = build_model(s, s.image_shape, s.num_classes, s.seed)
     client = SuperFedClient(s)
@@ -53,7 +54,7 @@ def test_cosine_squared_gradient_matches_the_closed_form():
 
 
 def test_layer_mixing_uses_one_lambda_per_layer_within_a_step():
-    s = _settings(superfed_mixing="layer")
+    s = _settings(superfed__mixing="layer")
     model = build_model(s, s.image_shape, s.num_classes, s.seed)
     SuperFedClient(s).initial_state(model, 1)
     model.draw_lambda(torch.Generator().manual_seed(0))
@@ -64,7 +65,7 @@ def test_layer_mixing_uses_one_lambda_per_layer_within_a_step():
     for l, keys in enumerate(model.groups):
         for k in keys:
             assert torch.allclose(mixed[k], (1 - lam[l]) * fed[k] + lam[l] * loc[k])
-    model_mode = build_model(_settings(superfed_mixing="model"), s.image_shape, s.num_classes, s.seed)
+    model_mode = build_model(_settings(superfed__mixing="model"), s.image_shape, s.num_classes, s.seed)
     model_mode.draw_lambda(torch.Generator().manual_seed(0))
     assert len(set(model_mode.lam.tolist())) == 1
 
@@ -79,7 +80,7 @@ def test_gradients_reach_both_weight_sets_in_one_backward_pass():
 
 
 def test_local_model_never_leaves_the_client_and_the_pooled_curve_goes_out_with_the_next_evaluation(grid_factory, tmp_path):
-    cfg = run_config(method="superfed", superfed_mixing="layer", superfed_start=0.0, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
+    cfg = run_config(method="superfed", superfed__mixing="layer", superfed__start=0.0, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
     grid = grid_factory(cfg, 3)
     sent, replies, uploads = [], [], []  # uploads: the replies' arrays as pulled (the strategy frees them)

@@ -113,9 +113,9 @@ class FedericoClient(ClientMethod):
     def _view(self, state: RecordDict, client_id: int, num_clients: int) -> View:
         t = _tables(state)
         if "view-ids" in t:
-            return View.from_lists(client_id, self.settings.overlay_view_size, list(t["view-ids"]), list(t["view-ages"]))
+            return View.from_lists(client_id, self.settings.params.view_size, list(t["view-ids"]), list(t["view-ages"]))
         contact = (client_id + 1) % num_clients  # joins through one contact; the shuffles do the rest
-        return View(client_id, self.settings.overlay_view_size, {contact: 0} if contact != client_id else {})
+        return View(client_id, self.settings.params.view_size, {contact: 0} if contact != client_id else {})
 
     def _losses(self, state: RecordDict) -> dict[int, float]:
         t = _tables(state)
@@ -149,7 +149,7 @@ class FedericoClient(ClientMethod):
             partner = view.oldest()
             shuffle = view.shuffle_buffer(rng, partner)
             weights = collaboration_weights(losses) if losses else {}
-            neighbours = choose_neighbours(client_id, weights, view.peers, s.federico_neighbours, s.federico_epsilon, rng)
+            neighbours = choose_neighbours(client_id, weights, view.peers, s.params.neighbours, s.params.epsilon, rng)
             self._save_tables(state, view, losses, {"neighbours": neighbours, "partner": [] if partner is None else [partner]})
             plan = {"neighbours": neighbours, "gossip-to": [] if partner is None else [partner]}
             return RecordDict({"plan": ConfigRecord(plan), "gossip": _as_record(shuffle)})
@@ -191,7 +191,7 @@ class FedericoClient(ClientMethod):
             for j, theta in train.items():
                 model.load_state_dict(theta, strict=False)
                 observed[j] = evaluate(model, data).loss
-            losses = track(losses, observed, s.federico_momentum)
+            losses = track(losses, observed, s.params.momentum)
             weights = collaboration_weights(losses)
             out = RecordDict()
             for j, theta in train.items():

@@ -12,7 +12,7 @@ from pflower.datasets import Split
 
 class FedProxClient(ClientMethod):
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
-        mu = self.settings.proximal_mu
+        mu = self.settings.params.mu
         named = dict(model.named_parameters())
         anchors = [(named[k], v.to(named[k].device)) for k, v in received.items() if k in named]
 

@@ -16,4 +16,4 @@ class FedRepClient(FedPerClient):
         head_ids = {id(p) for p in head}
         body = [p for p in model.parameters() if id(p) not in head_ids]
         self._train(model, data, seed, epochs=self.settings.local_epochs, params=head)
-        return self._train(model, data, seed + 1, epochs=self.settings.fedrep_body_epochs, params=body)
+        return self._train(model, data, seed + 1, epochs=self.settings.params.body_epochs, params=body)

@@ -28,6 +28,7 @@ from torch import nn
 
 from pflower.client_app.base import ClientMethod
 from pflower.datasets import Split
+from pflower.methods.superfed import POOLED_KEY
 from pflower.models import keys_under
 from pflower.models.mixing import LAMBDA_GRID, MixedModel, cosine_squared
 from pflower.training import evaluate
@@ -35,8 +36,6 @@ from pflower.training import evaluate
 #: Share of a client's training split held out to choose its lambda.
 VALIDATION_FRACTION = 0.1
 
-#: Evaluate-config key of the federation's held-out loss curve (one value per grid lambda).
-POOLED_KEY = "superfed-pooled-val-loss"
 
 
 def choose_lambda(val_loss: Sequence[float], pooled: Sequence[float] | None = None) -> int:
@@ -78,7 +77,7 @@ class SuperFedClient(ClientMethod):
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         s = self.settings
         train, _ = self._split(data)
-        mixing = server_round > s.superfed_start * s.num_server_rounds
+        mixing = server_round > s.params.start * s.num_server_rounds
         generator = torch.Generator().manual_seed(seed + 1)
         fed, local = list(model.fed.parameters()), list(model.local.parameters())
         named = dict(model.fed.named_parameters())
@@ -88,10 +87,10 @@ class SuperFedClient(ClientMethod):
             if mixing:
                 m.draw_lambda(generator)
             loss = F.cross_entropy(m(x), y)
-            if s.superfed_mu > 0 and anchors:
-                loss = loss + s.superfed_mu * sum(torch.linalg.vector_norm(p - g) for p, g in anchors)
-            if mixing and s.superfed_nu > 0:
-                loss = loss + s.superfed_nu * cosine_squared(fed, local)
+            if s.params.mu > 0 and anchors:
+                loss = loss + s.params.mu * sum(torch.linalg.vector_norm(p - g) for p, g in anchors)
+            if mixing and s.params.nu > 0:
+                loss = loss + s.params.nu * cosine_squared(fed, local)
             return loss
 
         model.set_lambda(0.0)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from pflower.config import Settings
+from pflower.methods import declarations
 from pflower.models.cnn import CNN
 from pflower.models.doublehead import DoubleHead
 from pflower.models.layers import Layer, communicable_keys, keys_under, layers, norm_keys
@@ -25,8 +26,8 @@ def resolve_model_name(settings: Settings, in_channels: int) -> str:
 def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: int, seed: int) -> nn.Module:
     """A freshly initialized model; the same ``seed`` gives the same weights.
 
-    SuPerFed wraps it in a :class:`MixedModel` (federated and local copies), the double-head
-    method in a :class:`DoubleHead` (a second, local head).
+    The method's declaration may wrap it (SuPerFed: :class:`MixedModel`, federated and local
+    copies; the double head: :class:`DoubleHead`, a second, local head).
     """
     in_channels, height, width = shape
     name = resolve_model_name(settings, in_channels)
@@ -36,6 +37,5 @@ def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: in
             model = MLP(in_channels * height * width, num_classes)
         else:
             model = CNN(in_channels, height, num_classes, batch_norm=name == "cnn-bn")
-        if settings.method == "doublehead":
-            return DoubleHead(model)
-    return MixedModel(model, settings.superfed_mixing) if settings.method == "superfed" else model
+        wrap = declarations()[settings.method].wrap  # inside: the double head draws its local head
+        return wrap(model, settings.params) if wrap else model

@@ -55,9 +55,9 @@ class PFedLA(PflStrategy):
         self.spec = FlatSpec.of(template, [k for l in self.layers for k in l.keys])
         self.segments = [(self.spec.slice(l.keys[0]).start, self.spec.slice(l.keys[-1]).stop) for l in self.layers]
         self.initial = self.spec.flatten(template)
-        self.top_k = settings.top_k if settings.method == "heurpfedla" else 0
+        self.top_k = getattr(settings.params, "top_k", 0)  # HeurpFedLA's
         if self.top_k > len(self.layers):
-            raise ConfigError([("top-k", self.top_k, f"must be <= {len(self.layers)} (layers of the model)")])
+            raise ConfigError([(f"{settings.method}.top-k", self.top_k, f"must be <= {len(self.layers)} (layers of the model)")])
         self.theta: torch.Tensor | None = None
         self.hn: HyperNetworks | None = None
         self._outgoing: dict[int, ArrayRecord] = {}
@@ -73,7 +73,8 @@ class PFedLA(PflStrategy):
         super().discover(grid, timeout)
         s, n = self.settings, self.num_clients
         self.theta = self.initial.repeat(n, 1)
-        self.hn = HyperNetworks.create(n, len(self.layers), s.hn_embedding_dim, s.hn_hidden_dim, s.hn_key_dim, s.seed)
+        p = s.params
+        self.hn = HyperNetworks.create(n, len(self.layers), p.embedding_dim, p.hidden_dim, p.key_dim, s.seed)
 
     def retained_layers(self, alpha: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[S, L] bool: the ``top-k`` layers of highest self-weight alpha[s, l, ids[s]] (alpha [S, L, N])."""
@@ -129,12 +130,12 @@ class PFedLA(PflStrategy):
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Hypernetwork steps against the round's snapshot, then the new client models."""
-        if self.settings.hn_lr > 0:
+        if self.settings.params.hn_lr > 0:
             spread = layer_spread(self.theta, self.segments)
             for part in _chunks(replies):
                 ids = [r.client_id for r in part]
                 trained = self.spec.stack(r.arrays for r in part)
-                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.settings.hn_lr,
+                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.settings.params.hn_lr,
                                     retained=self._retained_mask(ids), spread=spread)  # fmt: skip
         for part in _chunks(replies):
             self.theta[torch.tensor([r.client_id for r in part])] = self.spec.stack(r.arrays for r in part)

@@ -10,7 +10,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from pflower.client_app.superfed import POOLED_KEY
+from pflower.methods.superfed import POOLED_KEY
 from pflower.strategies.fedavg import FedAvg
 
 

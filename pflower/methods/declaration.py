@@ -1,0 +1,65 @@
+"""What a method declares about itself: its two sides, its own run-config keys, what it supports.
+
+Declarations import nothing heavier than pydantic (the client and server classes are named as
+``"module:Class"`` and imported on use), so the run-config schema can be built from them
+anywhere, without torch or Flower.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class MethodParams(BaseModel):
+    """A method's own run-config keys (``<method>.<key>``), typed and range-checked; none by default."""
+
+    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True)
+
+
+def _load(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of pflower, as ``method='<name>'`` selects it.
+
+    ``client`` and ``strategy`` are ``"module:Class"`` references to its
+    :class:`~pflower.client_app.base.ClientMethod` and its server strategy; ``params`` its own
+    keys; ``wrap`` turns the base model into the method's model (SuPerFed's two weight sets,
+    the double head). ``averages``: the server averages uploads (``aggregation`` applies);
+    ``gradual``: ``gradual-interval`` applies; ``no_finetune``: why ``finetune-epochs`` does not
+    apply (empty: it does, the evaluated prediction being one network). ``example``: run-config keys of a short
+    demonstration of what the method does (end-to-end tests use them).
+    """
+
+    name: str
+    summary: str
+    client: str
+    strategy: str
+    params: type[MethodParams] = MethodParams
+    wrap: Callable[[Any, Any], Any] | None = None
+    averages: bool = False
+    gradual: bool = False
+    no_finetune: str = ""
+    example: Mapping[str, Any] = field(default_factory=dict)
+
+    def client_class(self) -> type:
+        return _load(self.client)
+
+    def strategy_class(self) -> type:
+        return _load(self.strategy)
+
+    def files(self) -> tuple[str, str]:
+        """The modules of its client side and server side, as paths from the repository root."""
+        return tuple(ref.partition(":")[0].replace(".", "/") + ".py" for ref in (self.client, self.strategy))  # type: ignore[return-value]

@@ -1,0 +1,20 @@
+"""FedRep (Collins et al., 2021): head epochs with the body frozen, then body epochs; the body is averaged."""
+
+from pydantic import Field
+
+from pflower.methods.declaration import Method, MethodParams
+
+
+class FedRepParams(MethodParams):
+    body_epochs: int = Field(1, ge=1, description="body epochs after `local-epochs` head epochs")
+
+
+METHOD = Method(
+    name="fedrep",
+    summary="the head trained first with the body frozen, then the body; the body is averaged",
+    client="pflower.client_app.fedrep:FedRepClient",
+    strategy="pflower.strategies.fedavg:FedAvg",
+    params=FedRepParams,
+    averages=True,
+    gradual=True,
+)
