@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 import torch
-from flwr.app import Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Message, MessageType, Metadata, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -50,27 +50,31 @@ class StandInClients(Grid):
     def get_node_ids(self):
         return [1000 + i for i in range(self.n)]
 
-    def _reply(self, msg: Message) -> Message:
+    def _reply(self, msg: Message, message_id: str) -> Message:
+        """The stand-in client's reply to ``msg``, which the grid gave ``message_id``."""
         from pflower.records import from_record, to_record
 
         cid = msg.metadata.dst_node_id - 1000
         metrics = {"client-id": cid, "num-examples": 100}
         if msg.metadata.message_type == MessageType.QUERY:
-            return Message(RecordDict({"metrics": MetricRecord({**metrics, "num-clients": self.n})}), reply_to=msg)
-        if msg.metadata.message_type == MessageType.EVALUATE:
-            m = MetricRecord({**metrics, "accuracy": 0.5, "loss": 1.0})
-            return Message(RecordDict({"metrics": m}), reply_to=msg)
-        got = from_record(msg.content.array_records["arrays"])
-        trained = {k: v + 0.01 * torch.randn(v.shape, generator=self.gen) for k, v in got.items()}
-        content = RecordDict({"arrays": to_record(trained), "metrics": MetricRecord({**metrics, "train-loss": 1.0})})
-        return Message(content, reply_to=msg)
+            content = RecordDict({"metrics": MetricRecord({**metrics, "num-clients": self.n})})
+        elif msg.metadata.message_type == MessageType.EVALUATE:
+            content = RecordDict({"metrics": MetricRecord({**metrics, "accuracy": 0.5, "loss": 1.0})})
+        else:
+            got = from_record(msg.content.array_records["arrays"])
+            trained = {k: v + 0.01 * torch.randn(v.shape, generator=self.gen) for k, v in got.items()}
+            content = RecordDict({"arrays": to_record(trained), "metrics": MetricRecord({**metrics, "train-loss": 1.0})})
+        metadata = Metadata(run_id=1, message_id=uuid.uuid4().hex, src_node_id=msg.metadata.dst_node_id, dst_node_id=1,
+                            reply_to_message_id=message_id, group_id="", created_at=time.time(), ttl=3600.0,
+                            message_type=msg.metadata.message_type)  # fmt: skip
+        return Message(content=content, metadata=metadata)
 
     def push_messages(self, messages):
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
-            self.replies[msg.metadata.message_id] = self._reply(msg)
-            ids.append(msg.metadata.message_id)
+            message_id = uuid.uuid4().hex
+            self.replies[message_id] = self._reply(msg, message_id)
+            ids.append(message_id)
         return ids
 
     def pull_messages(self, message_ids):
@@ -129,7 +133,7 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model_bytes = strategy.theta.shape[1] * 4
     rounds_s = [b - a for a, b in zip([0.0] + per_round[:-1], per_round)]
-    sampled = len(strategy.sample(1))
+    sampled = len(strategy.federation.sample(strategy.fraction_train, 1))
     return {
         "clients": num_clients,
         "sampled": sampled,

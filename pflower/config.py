@@ -76,6 +76,8 @@ class Settings(BaseModel):
     finetune_epochs: int = Field(0, ge=0)
     num_server_rounds: int = Field(20, ge=1)
     fraction_train: float = Field(1.0, gt=0, le=1)
+    fraction_evaluate: float = Field(1.0, gt=0, le=1)
+    evaluate_every: int = Field(1, ge=1)
     local_epochs: int = Field(5, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.1, gt=0)

@@ -10,7 +10,6 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from pflower.config import Settings
 from pflower.plots import draw_run
 
 
@@ -19,15 +18,18 @@ def _mb(n: int) -> str:
 
 
 class Recorder:
-    """Collects one dict per round and writes ``metrics.json`` (after every round) and the
-    figures of :func:`pflower.plots.draw_run` (at the end) into ``results-dir``."""
+    """Collects one dict per round, logs a progress line for each, and writes ``metrics.json``
+    (after every round) and the figures of :func:`pflower.plots.draw_run` (at the end) into
+    ``directory``; with no directory it only logs."""
 
-    def __init__(self, settings: Settings, rounds: list[dict[str, Any]] | None = None):
-        self.settings = settings
-        self.dir: Path = settings.results_path
+    def __init__(self, directory: Path | None, run_config: dict[str, Any], num_rounds: int, rounds: list[dict[str, Any]] | None = None):
+        self.dir = directory
+        self.run_config = dict(run_config)
+        self.num_rounds = num_rounds
         self.rounds: list[dict[str, Any]] = list(rounds or [])
         self.extra: dict[str, Any] = {}
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
 
     def add_round(self, row: dict[str, Any]) -> None:
         """Record a round (adding the run's cumulative bytes so far), log it, rewrite metrics.json."""
@@ -35,12 +37,16 @@ class Recorder:
         for way in ("down", "up"):
             row[f"cumulative-bytes-{way}"] = before.get(f"cumulative-bytes-{way}", 0) + row[f"bytes-{way}"]
         self.rounds.append(row)
-        total = self.settings.num_server_rounds
+        total = self.num_rounds
         rejected = sum(row.get("rejected", {}).values())
-        if row["accuracy"] is None:
-            quality = "no evaluation replies"
+        if not row.get("evaluated"):
+            quality = "not evaluated this round"
+        elif row["accuracy"] is None:
+            quality = "no accuracy in the evaluation replies"
         else:
-            quality = f"accuracy {row['accuracy']:.4f} (weighted {row['weighted-accuracy']:.4f}) loss {row['loss']:.4f}"
+            quality = f"accuracy {row['accuracy']:.4f} (weighted {row['weighted-accuracy']:.4f})"
+            if row.get("loss") is not None:
+                quality += f" loss {row['loss']:.4f}"
             if "global-accuracy" in row:
                 quality += f" | global accuracy {row['global-accuracy']:.4f}"
         log(
@@ -57,9 +63,10 @@ class Recorder:
         self.write()
 
     def document(self) -> dict[str, Any]:
-        last = self.rounds[-1] if self.rounds else {}
+        evaluated = [r for r in self.rounds if r.get("accuracy") is not None]
+        last = evaluated[-1] if evaluated else {}
         return {
-            "config": self.settings.to_run_config(),
+            "config": self.run_config,
             "rounds": self.rounds,
             "final": {
                 "accuracy": last.get("accuracy"),
@@ -72,8 +79,10 @@ class Recorder:
             **self.extra,
         }
 
-    def write(self) -> Path:
+    def write(self) -> Path | None:
         """Write metrics.json atomically (a crash never leaves half a file)."""
+        if self.dir is None:
+            return None
         path = self.dir / "metrics.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.document(), indent=1))
@@ -81,6 +90,7 @@ class Recorder:
         return path
 
     def finish(self) -> None:
-        self.write()
-        draw_run(self.document(), self.dir)
-        log(INFO, "Results written to %s", self.dir)
+        if self.dir is not None:
+            self.write()
+            draw_run(self.document(), self.dir)
+            log(INFO, "Results written to %s", self.dir)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, Metadata, RecordDict
 from flwr.common.config import flatten_dict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -30,6 +30,19 @@ def pytest_collection_modifyitems(items):
         return LONG_GROUPS.index(group.args[0]) if group and group.args[0] in LONG_GROUPS else len(LONG_GROUPS)
 
     items.sort(key=rank)  # stable: file order within a group and among the rest
+
+
+def with_metadata(msg: Message, **changes) -> Message:
+    """A copy of ``msg`` whose metadata has ``changes`` (message_id=..., src_node_id=...), built
+    with Flower's public ``Metadata`` constructor instead of writing its private fields."""
+    m = msg.metadata
+    fields = dict(run_id=m.run_id, message_id=m.message_id, src_node_id=m.src_node_id, dst_node_id=m.dst_node_id,
+                  reply_to_message_id=m.reply_to_message_id, group_id=m.group_id, created_at=m.created_at, ttl=m.ttl,
+                  message_type=m.message_type)  # fmt: skip
+    metadata = Metadata(**{**fields, **changes})
+    if msg.has_error():
+        return Message(error=msg.error, metadata=metadata)
+    return Message(content=msg.content, metadata=metadata)
 
 
 def run_config(**overrides) -> dict:
@@ -93,7 +106,7 @@ class InProcessGrid(Grid):
         """Run the ClientApp on each message now; its reply waits for :meth:`pull_messages`."""
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            msg = with_metadata(msg, message_id=uuid.uuid4().hex)
             self.sent.append(msg)
             ids.append(msg.metadata.message_id)
             node = msg.metadata.dst_node_id

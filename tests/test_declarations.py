@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 from pflower.client_app.base import ClientMethod
 from pflower.methods import declarations
-from pflower.strategies.base import PflStrategy
+from pflower.strategies.loop import PflStrategy
 
 README = (ROOT / "README.md").read_text()
 

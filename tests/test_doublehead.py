@@ -153,7 +153,7 @@ def test_test_modes(grid_factory, tmp_path):
     _, strategy, _, doc, replies = _run(grid_factory, tmp_path / "both", 1, method="fedavg", test_mode="both")
     evals = [m for kind, _, m in replies if kind == MessageType.EVALUATE]
     global_n = {int(m["global-num-examples"]) for m in evals}  # one set, the union of the clients' splits
-    assert global_n == {sum(int(m["num-examples"]) for m in evals)} == {sum(strategy.test_examples.values())}
+    assert global_n == {sum(int(m["num-examples"]) for m in evals)} == {sum(strategy.gate.reported["evaluate"].values())}
     row = doc["rounds"][0]
     assert row["global-accuracy"] == pytest.approx(sum(float(m["global-accuracy"]) for m in evals) / N)
     assert doc["final"]["global-accuracy"] == row["global-accuracy"]

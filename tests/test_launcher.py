@@ -21,7 +21,7 @@ def _fab_files(app):
 def test_staged_app_bundles_the_same_fab(tmp_path):
     from pflower.launcher import stage_app
 
-    for app, module in ((ROOT, "pflower/strategies/base.py"), (faulty_app(tmp_path / "faulty", "nan"), "faulty_client.py")):
+    for app, module in ((ROOT, "pflower/strategies/loop.py"), (faulty_app(tmp_path / "faulty", "nan"), "faulty_client.py")):
         staged = stage_app(app, tmp_path / f"staged-{app.name}")
         assert staged != app
         original, copy = _fab_files(app), _fab_files(staged)

@@ -12,6 +12,7 @@ from pflower import training
 from pflower.client_app.app import PERSONAL
 from pflower.config import load_settings
 from pflower.methods import build_strategy, declarations
+from pflower.strategies.federation import EVALUATE_SAMPLE
 from pflower.models import communicable_keys, keys_under, norm_keys
 from pflower.records import from_record, to_record
 
@@ -23,7 +24,7 @@ def _setup(grid_factory, tmp_path, **kw):
     settings = load_settings(cfg)
     strategy = build_strategy(settings)
     grid = grid_factory(cfg, N)
-    strategy.discover(grid, timeout=5)
+    strategy.connect(grid, timeout=5)
     return settings, strategy, grid
 
 
@@ -40,8 +41,8 @@ def _model(settings):
 
 def test_discovery_maps_nodes_to_partition_ids(grid_factory, tmp_path):
     _, strategy, grid = _setup(grid_factory, tmp_path)
-    assert strategy.node_of == {i: 100 + i for i in range(N)}
-    assert strategy.num_clients == N and all(n > 0 for n in strategy.num_examples.values())
+    assert strategy.federation.node_of == {i: 100 + i for i in range(N)}
+    assert strategy.federation.num_clients == N and all(n > 0 for n in strategy.federation.num_examples.values())
 
 
 def test_fedavg_uploads_everything_and_trains(grid_factory, tmp_path):
@@ -143,12 +144,12 @@ def test_rejected_reply_never_reaches_the_aggregate(grid_factory, tmp_path):
     settings = load_settings(cfg)
     strategy = build_strategy(settings)
     grid = grid_factory(cfg, N, tamper=poison)
-    strategy.discover(grid, timeout=5)
+    strategy.connect(grid, timeout=5)
     _, replies = _train_round(strategy, grid)
     clean = [r for r in replies if r.metadata.src_node_id != 101]
     states = [from_record(r.content["arrays"]) for r in clean]
     strategy.aggregate_train(1, replies)
-    assert dict(strategy.rejected) == {"non-finite": 1}
+    assert dict(strategy.gate.rejected) == {"non-finite": 1}
     n = np.array([r.content["metrics"]["num-examples"] for r in clean], dtype=np.float64)
     expected = sum(w * s["head.weight"].double() for w, s in zip(n / n.sum(), states))
     assert torch.allclose(strategy.global_state["head.weight"].double(), expected, atol=1e-6)
@@ -166,12 +167,13 @@ def test_client_rejects_arrays_of_another_model(grid_factory, tmp_path):
 
 def test_sampling_depends_only_on_seed_and_round(grid_factory, tmp_path):
     cfg = run_config(fraction_train=0.5, results_dir=str(tmp_path))
-    a, b = build_strategy(load_settings(cfg)), build_strategy(load_settings(cfg))
-    for s in (a, b):
-        s.node_of = {i: 100 + i for i in range(10)}
-    assert [a.sample(r) for r in range(1, 6)] == [b.sample(r) for r in range(1, 6)]
-    assert all(len(a.sample(r)) == 5 for r in range(1, 6))
-    assert len({tuple(a.sample(r)) for r in range(1, 6)}) > 1
+    a, b = build_strategy(load_settings(cfg)).federation, build_strategy(load_settings(cfg)).federation
+    for f in (a, b):
+        f.node_of = {i: 100 + i for i in range(10)}
+    assert [a.sample(0.5, r) for r in range(1, 6)] == [b.sample(0.5, r) for r in range(1, 6)]
+    assert all(len(a.sample(0.5, r)) == 5 for r in range(1, 6))
+    assert len({tuple(a.sample(0.5, r)) for r in range(1, 6)}) > 1
+    assert [a.sample(0.5, r, EVALUATE_SAMPLE) for r in range(1, 6)] != [a.sample(0.5, r) for r in range(1, 6)]
 
 
 @pytest.mark.parametrize("method", sorted(declarations()))

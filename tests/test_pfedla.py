@@ -145,7 +145,7 @@ def _strategy_and_grid(grid_factory, tmp_path, **kw):
     cfg = run_config(num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path), **kw)
     strategy = build_strategy(load_settings(cfg))
     grid = grid_factory(cfg, 3)
-    strategy.discover(grid, timeout=5)
+    strategy.connect(grid, timeout=5)
     return strategy, grid
 
 
@@ -154,11 +154,11 @@ def test_heurpfedla_does_not_send_retained_layers(grid_factory, tmp_path, k):
     strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", heurpfedla__top_k=k)
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
     with torch.no_grad():
-        alpha = strategy.hn.alpha(torch.arange(strategy.num_clients))
+        alpha = strategy.hn.alpha(torch.arange(strategy.federation.num_clients))
         bar = mix(alpha, strategy.theta, strategy.segments)
-    mask = strategy.retained_layers(alpha, torch.arange(strategy.num_clients))
+    mask = strategy.retained_layers(alpha, torch.arange(strategy.federation.num_clients))
     for msg in msgs:
-        cid = strategy.client_of[msg.metadata.dst_node_id]
+        cid = strategy.federation.client_of[msg.metadata.dst_node_id]
         retained = {k for l, layer in enumerate(strategy.layers) if mask[cid, l] for k in layer.keys}
         full = to_record(strategy.spec.unflatten(bar[cid]))
         sent = from_record(msg.content["arrays"])
@@ -191,7 +191,7 @@ def test_server_keeps_trained_models_and_updates_only_replying_hypernetworks(gri
     before = {k: v.clone() for k, v in strategy.hn.params.items()}
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
     replies = grid.send_and_receive(msgs)
-    trained = {strategy.client_of[r.metadata.src_node_id]: strategy.spec.flatten(from_record(r.content["arrays"])) for r in replies}
+    trained = {strategy.federation.client_of[r.metadata.src_node_id]: strategy.spec.flatten(from_record(r.content["arrays"])) for r in replies}
     strategy.aggregate_train(1, replies)
     assert all(not r.content.array_records for r in replies)  # decoded replies drop their wire bytes
     sampled = sorted(trained)
@@ -231,13 +231,13 @@ def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_
     retained layers from the client's own model: its personal state when the message came."""
     strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", heurpfedla__top_k=2)
     for rnd in (1, 2):
-        own = {strategy.node_of[c]: from_record(ctx.state["personal"]) if "personal" in ctx.state else None
-               for c, ctx in ((strategy.client_of[n], grid.contexts[n]) for n in grid.contexts)}  # fmt: skip
+        own = {strategy.federation.node_of[c]: from_record(ctx.state["personal"]) if "personal" in ctx.state else None
+               for c, ctx in ((strategy.federation.client_of[n], grid.contexts[n]) for n in grid.contexts)}  # fmt: skip
         msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
         for msg in msgs:
-            cid = strategy.client_of[msg.metadata.dst_node_id]
+            cid = strategy.federation.client_of[msg.metadata.dst_node_id]
             sent = from_record(msg.content["arrays"])
-            start = own[msg.metadata.dst_node_id] or strategy.spec.unflatten(strategy.initial)
+            start = own[msg.metadata.dst_node_id] or from_record(strategy.initial_arrays)
             ref = strategy.update_reference(cid)
             assert len(set(strategy.spec.keys) - set(sent)) > 0
             for key in strategy.spec.keys:
@@ -269,10 +269,10 @@ def test_pfedla_evaluates_the_personalized_model_as_the_server_sends_it(grid_fac
         alpha = strategy.hn.alpha(torch.arange(3))
         bar = mix(alpha, strategy.theta, strategy.segments)
     msgs = strategy.configure_evaluate(2, strategy.global_arrays(), ConfigRecord({"server-round": 2}), grid)
-    replies = {strategy.client_of[r.metadata.src_node_id]: r for r in grid.send_and_receive(msgs)}
+    replies = {strategy.federation.client_of[r.metadata.src_node_id]: r for r in grid.send_and_receive(msgs)}
     cfg = grid.contexts[100].run_config
     for msg in msgs:
-        cid = strategy.client_of[msg.metadata.dst_node_id]
+        cid = strategy.federation.client_of[msg.metadata.dst_node_id]
         sent = from_record(msg.content["arrays"])
         expected = strategy.spec.unflatten(bar[cid])
         assert len(sent) == len(expected) - (2 if method == "heurpfedla" else 0)  # a retained layer: weight and bias
@@ -318,11 +318,11 @@ def test_heurpfedla_client_whose_reply_was_lost_gets_every_layer_next(grid_facto
         return reply
 
     grid = grid_factory(cfg, 3, tamper=tamper)
-    strategy.discover(grid, timeout=5)
+    strategy.connect(grid, timeout=5)
     sent_keys = {}
     for rnd in (1, 2, 3):
         msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
-        sent = {strategy.client_of[m.metadata.dst_node_id]: from_record(m.content["arrays"]) for m in msgs}
+        sent = {strategy.federation.client_of[m.metadata.dst_node_id]: from_record(m.content["arrays"]) for m in msgs}
         sent_keys[rnd] = {c: set(a) for c, a in sent.items()}
         if rnd == 2:
             ref = strategy.update_reference(0)

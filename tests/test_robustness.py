@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from conftest import InProcessGrid, assert_same_state, run_config
+from conftest import InProcessGrid, assert_same_state, run_config, with_metadata
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy, declarations
 from pflower.records import from_record, to_record
@@ -56,7 +56,7 @@ def _round_one(name: str):
     from pflower.client_app import app
 
     grid = InProcessGrid(app, cfg, N)
-    strategy.discover(grid, timeout=5)
+    strategy.connect(grid, timeout=5)
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
     replies = grid.send_and_receive(msgs)
     return strategy, msgs, [(r.metadata.src_node_id, r.content) for r in replies]
@@ -123,18 +123,17 @@ def test_corrupt_replies_never_change_the_aggregate(name, plan, unknown):
         mixed.append(_reply(msg, _corrupt(kind, content), error=kind == "error"))
         expected[reason] = expected.get(reason, 0) + 1
     if unknown:  # a reply from a node that is not a known client
-        stranger = _reply(msgs[0], copy.deepcopy(genuine[0][1]))
-        stranger.metadata.__dict__["_src_node_id"] = 999
+        stranger = with_metadata(_reply(msgs[0], copy.deepcopy(genuine[0][1])), src_node_id=999)
         mixed.append(stranger)
         expected["unknown-node"] = expected.get("unknown-node", 0) + 1
 
     corrupted, clean = copy.deepcopy(base), copy.deepcopy(base)
-    corrupted.rejected.clear()
+    corrupted.gate.new_round()
     corrupted.aggregate_train(1, mixed)
-    clean.rejected.clear()
+    clean.gate.new_round()
     clean.aggregate_train(1, valid)
-    assert dict(corrupted.rejected) == expected
-    assert dict(clean.rejected) == {}
+    assert dict(corrupted.gate.rejected) == expected
+    assert dict(clean.gate.rejected) == {}
     assert_same_state(corrupted.state_dict(), clean.state_dict())
 
 
@@ -166,7 +165,7 @@ def test_robust_aggregation_is_only_for_averaging_methods():
 
 
 def test_too_few_valid_replies_stop_the_run_with_the_reasons(tmp_path, grid_factory):
-    from pflower.strategies.base import RoundFailedError
+    from pflower.strategies.loop import RoundFailedError
 
     def strip(cid, reply):
         if cid == 0 and not reply.has_error() and "arrays" in reply.content:
@@ -179,12 +178,12 @@ def test_too_few_valid_replies_stop_the_run_with_the_reasons(tmp_path, grid_fact
 
 
 def test_a_client_that_cannot_start_stops_discovery_at_once(tmp_path, grid_factory):
-    from pflower.strategies.base import NoClientsError
+    from pflower.strategies.federation import NoClientsError
 
     server_cfg = run_config(results_dir=str(tmp_path), round_timeout=600.0)
     grid = grid_factory(run_config(lr=-1.0), 2)  # every client gets a config it rejects
     with pytest.raises(NoClientsError, match=r"no client could start \(2 of 2 nodes .*run config key 'lr' = -1.0 is not allowed"):
-        build_strategy(load_settings(server_cfg)).discover(grid, timeout=600)
+        build_strategy(load_settings(server_cfg)).connect(grid, timeout=600)
 
 
 class _SlowGrid:
@@ -197,9 +196,7 @@ class _SlowGrid:
         import time
 
         self.t0 = time.monotonic()
-        self.msgs = list(messages)
-        for i, m in enumerate(self.msgs):
-            m.metadata.__dict__["_message_id"] = f"m{i}"
+        self.msgs = [with_metadata(m, message_id=f"m{i}") for i, m in enumerate(messages)]
         return [m.metadata.message_id for m in self.msgs]
 
     def pull_messages(self, ids):
@@ -216,7 +213,7 @@ def test_send_and_receive_returns_what_came_by_the_timeout_and_polls_sparingly()
 
     from flwr.supercore.task_identity import TaskIdentity
 
-    from pflower.strategies.base import send_and_receive
+    from pflower.strategies.federation import send_and_receive
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in (1, 2, 3)]

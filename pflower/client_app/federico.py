@@ -33,6 +33,7 @@ from torch import nn
 
 from pflower.client_app.base import ClientMethod
 from pflower.datasets import Split
+from pflower.methods.federico import GOSSIP, GOSSIP_REPLY, MODEL, PLAN, REQUESTS, gossip_from, gossip_reply, model_of, update_for, update_from
 from pflower.overlay import View
 from pflower.records import check_state, from_record, to_record
 from pflower.training import evaluate
@@ -152,18 +153,18 @@ class FedericoClient(ClientMethod):
             neighbours = choose_neighbours(client_id, weights, view.peers, s.params.neighbours, s.params.epsilon, rng)
             self._save_tables(state, view, losses, {"neighbours": neighbours, "partner": [] if partner is None else [partner]})
             plan = {"neighbours": neighbours, "gossip-to": [] if partner is None else [partner]}
-            return RecordDict({"plan": ConfigRecord(plan), "gossip": _as_record(shuffle)})
+            return RecordDict({PLAN: ConfigRecord(plan), GOSSIP: _as_record(shuffle)})
 
         if phase == "serve":
             rng = self._rng(client_id, server_round, 1)
-            requests = incoming["requests"] if "requests" in incoming.config_records else ConfigRecord()
+            requests = incoming[REQUESTS] if REQUESTS in incoming.config_records else ConfigRecord()
             out = RecordDict()
             for i in sorted(int(x) for x in requests.get("gossip-from", [])):
-                out[f"gossip-reply-{i}"] = _as_record(view.reply_buffer(rng, i))
+                out[gossip_reply(i)] = _as_record(view.reply_buffer(rng, i))
             for i in sorted(int(x) for x in requests.get("gossip-from", [])):
-                view.merge(_buffer(incoming[f"gossip-{i}"]))
+                view.merge(_buffer(incoming[gossip_from(i)]))
             if requests.get("requested-by", []):
-                out["model"] = to_record(model.state_dict(), self.upload_keys(model))
+                out[MODEL] = to_record(model.state_dict(), self.upload_keys(model))
             self._save_tables(state, view, losses)
             return out
 
@@ -172,15 +173,15 @@ class FedericoClient(ClientMethod):
             neighbours = [int(j) for j in t.get("neighbours", [])]
             partner = [int(j) for j in t.get("partner", [])]
             if partner:
-                if "gossip-reply" in incoming.config_records:
-                    view.merge(_buffer(incoming["gossip-reply"]))
+                if GOSSIP_REPLY in incoming.config_records:
+                    view.merge(_buffer(incoming[GOSSIP_REPLY]))
                 else:
                     view.remove(partner[0])  # it did not answer
             own = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the model is reused below
             received = {}
             for j in neighbours:
-                if f"model-{j}" in incoming.array_records:
-                    received[j] = check_state(from_record(incoming[f"model-{j}"]), own)
+                if model_of(j) in incoming.array_records:
+                    received[j] = check_state(from_record(incoming[model_of(j)]), own)
                 else:
                     view.remove(j)  # gone: forget it until gossip brings it back
                     losses.pop(j, None)
@@ -203,7 +204,7 @@ class FedericoClient(ClientMethod):
                 if j == client_id:
                     state[OWN_UPDATE] = to_record(update)
                 else:
-                    out[f"update-{j}"] = to_record(update)
+                    out[update_for(j)] = to_record(update)
                     state[f"{PEER}{j}"] = to_record(theta)
             model.load_state_dict(own)
             self._save_tables(state, view, losses, {"own-weight": weights[client_id], "peer-weights": [weights[j] for j in received], "peers": list(received)})
@@ -216,9 +217,9 @@ class FedericoClient(ClientMethod):
             if OWN_UPDATE in state.array_records:
                 own_update = from_record(state[OWN_UPDATE])
                 total = {k: total[k] + own_update[k].double() for k in keys}
-            senders = sorted(int(n.rsplit("-", 1)[1]) for n in incoming.array_records if n.startswith("update-from-"))
+            senders = sorted(i for i in range(num_clients) if update_from(i) in incoming.array_records)
             for i in senders:
-                delta = check_state(from_record(incoming[f"update-from-{i}"]), own)
+                delta = check_state(from_record(incoming[update_from(i)]), own)
                 total = {k: total[k] + delta[k].double() for k in keys}
             model.load_state_dict({k: (own[k].double() - total[k]).to(own[k].dtype) for k in keys}, strict=False)
             if OWN_UPDATE in state.array_records:

@@ -19,7 +19,7 @@ from pflower.methods.declaration import Method, MethodParams
 if TYPE_CHECKING:
     from pflower.client_app.base import ClientMethod
     from pflower.config import Settings
-    from pflower.strategies.base import PflStrategy
+    from pflower.strategies.loop import PflStrategy
 
 __all__ = ["Method", "MethodParams", "build_strategy", "client_method", "declarations", "get"]
 
@@ -49,6 +49,6 @@ def build_strategy(settings: Settings) -> PflStrategy:
 
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
     client = client_method(settings)
-    strategy = get(settings.method).strategy_class().from_model(settings, model, client.upload_keys(model))
+    strategy = get(settings.method).strategy_class().from_settings(settings, model, client.upload_keys(model))
     strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
     return strategy

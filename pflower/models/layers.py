@@ -47,3 +47,19 @@ def norm_keys(model: nn.Module) -> list[str]:
     """Communicable keys of normalization layers (what FedBN keeps local)."""
     names = [n for n, m in model.named_modules() if isinstance(m, NORM_TYPES)]
     return [k for k in communicable_keys(model) if any(k.startswith(n + ".") for n in names)]
+
+
+#: Buffers that travel in a state dict but belong to no layer (BatchNorm's running statistics).
+RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def layers_of_state(state: dict) -> list[Layer]:
+    """The layers of a state dict from its keys alone (for models the server never sees): the
+    float tensors grouped by module (the key's prefix), in order, without running statistics.
+    For pflower's models this is :func:`layers` (tested)."""
+    groups: dict[str, list[str]] = {}
+    for key, value in state.items():
+        module, _, name = key.rpartition(".")
+        if name not in RUNNING_STATS and value.is_floating_point():
+            groups.setdefault(module, []).append(key)
+    return [Layer(name, tuple(keys)) for name, keys in groups.items()]

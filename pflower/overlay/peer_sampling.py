@@ -70,3 +70,17 @@ class View:
     def remove(self, peer: int) -> None:
         """A peer that did not answer: drop it."""
         self.ages.pop(peer, None)
+
+
+def buffer_problem(ids, ages, num_clients: int, max_len: int) -> str | None:
+    """Why a received shuffle buffer is malformed (lists of client ids in range and ages >= 0, as
+    long as each other, at most ``max_len`` entries), or None if it is well formed."""
+    if not isinstance(ids, list) or not isinstance(ages, list) or len(ids) != len(ages):
+        return "ids and ages must be two lists of one length"
+    if len(ids) > max_len:
+        return f"{len(ids)} entries, more than a view holds ({max_len})"
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_clients for i in ids):
+        return f"ids must be client ids in 0..{num_clients - 1}"
+    if not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in ages):
+        return "ages must be integers >= 0"
+    return None

@@ -12,7 +12,8 @@ from flwr.serverapp import Grid, ServerApp
 from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy
-from pflower.strategies.base import NoClientsError, RoundFailedError
+from pflower.strategies.federation import NoClientsError
+from pflower.strategies.loop import RoundFailedError
 
 #: Failures whose message says everything: logged as one ERROR line, without a traceback.
 CLEAR_FAILURES = (ConfigError, RoundFailedError, NoClientsError)

@@ -22,9 +22,9 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from pflower.config import Settings
-from pflower.records import FlatSpec, to_record
+from pflower.records import FlatSpec, from_record, to_record
 from pflower.sharing import GradualSharing
-from pflower.strategies.base import PflStrategy
+from pflower.strategies.loop import TrainRounds
 from pflower.strategies.validation import ArraySpec, Reply
 
 
@@ -42,40 +42,58 @@ def robust_average(stacked: torch.Tensor, aggregation: str, trim_fraction: float
     return torch.from_numpy(aggregate_trimmed_avg(rows, trim_fraction)[0])
 
 
-class FedAvg(PflStrategy):
-    """Sample-weighted average of the uploaded (and released) arrays, one matrix product per round."""
+class FedAvg(TrainRounds):
+    """Sample-weighted average of the uploaded (and released) arrays, one matrix product per round.
 
-    def __init__(
-        self,
-        settings: Settings,
-        template: Mapping[str, torch.Tensor],
-        upload_keys: Sequence[str],
-        sharing: GradualSharing | None = None,
-    ):
-        super().__init__(settings, template, upload_keys)
-        self.sharing = sharing or GradualSharing((tuple(upload_keys),), settings.gradual_interval)
-        self.dtypes = {k: template[k].dtype for k in upload_keys}
-        self.global_state = {k: template[k].detach().clone() for k in upload_keys}
+    Built with keyword arguments like Flower's ``FedAvg``: ``aggregation`` ('mean',
+    'median', 'trimmed-mean'), ``trim_fraction``, ``sharing`` (gradual sharing's schedule; None
+    shares every array every round), and :class:`TrainRounds`' and :class:`PflStrategy`'s.
+    The global model is the ``initial_arrays`` given to :meth:`start`, averaged each round.
+    """
+
+    def __init__(self, *, aggregation: str = "mean", trim_fraction: float = 0.2, sharing: GradualSharing | None = None, **kwargs):
+        super().__init__(**kwargs)
+        if aggregation not in ("mean", "median", "trimmed-mean"):
+            raise ValueError(f"aggregation={aggregation!r} must be 'mean', 'median' or 'trimmed-mean'")
+        self.aggregation = aggregation
+        self.trim_fraction = trim_fraction
+        self.sharing = sharing
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.global_state: dict[str, torch.Tensor] = {}
         self._specs: dict[int, FlatSpec] = {}  # units shared -> flat layout of their keys
         self._records: dict[int, ArrayRecord] = {}  # units shared -> their current global arrays
 
     @classmethod
-    def from_model(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> "FedAvg":
-        return cls(settings, model.state_dict(), upload_keys, GradualSharing.of(model, upload_keys, settings.gradual_interval))
+    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> "FedAvg":
+        s = settings
+        sharing = GradualSharing.of(model, upload_keys, s.gradual_interval)
+        strategy = cls(**cls.common_kwargs(s), aggregation=s.aggregation, trim_fraction=s.trim_fraction, sharing=sharing)
+        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        return strategy
+
+    def prepare(self, initial_arrays: ArrayRecord) -> None:
+        super().prepare(initial_arrays)
+        state = from_record(initial_arrays)
+        self.sharing = self.sharing or GradualSharing((tuple(state),), 0)
+        self.dtypes = {k: v.dtype for k, v in state.items()}
+        self.global_state = state
+        self._records.clear()
 
     def _record(self, units: int) -> ArrayRecord:
         if units not in self._records:
             self._records[units] = to_record({k: self.global_state[k] for k in self.sharing.keys_of(units)})
         return self._records[units]
 
-    def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        return self._record(self.sharing.sent_phase(server_round))
+    def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        record = self._record(self.sharing.sent_phase(server_round))
+        return {cid: record for cid in ids}
 
-    def evaluate_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        return self._record(self.sharing.phase(server_round))
+    def evaluate_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        record = self._record(self.sharing.phase(server_round))
+        return {cid: record for cid in ids}
 
     def global_arrays(self) -> ArrayRecord:
-        return self._record(len(self.sharing.units))
+        return self._record(len(self.sharing.units)) if self.sharing else ArrayRecord()
 
     def upload_spec_for(self, server_round: int) -> dict[str, ArraySpec]:
         return {k: self.upload_spec[k] for k in self.sharing.keys(server_round)}
@@ -103,17 +121,16 @@ class FedAvg(PflStrategy):
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        s = self.settings
         units = self.sharing.phase(server_round)
         if units not in self._specs:
             self._specs[units] = FlatSpec.of(self.global_state, self.sharing.keys_of(units))
         spec = self._specs[units]
         stacked = spec.stack(r.arrays for r in replies).double()
-        if s.aggregation == "mean":
+        if self.aggregation == "mean":
             weights = torch.tensor([r.num_examples for r in replies], dtype=torch.float64)
             flat = weighted_average(stacked, weights)
         else:
-            flat = robust_average(stacked, s.aggregation, s.trim_fraction)
+            flat = robust_average(stacked, self.aggregation, self.trim_fraction)
         for k, v in spec.unflatten(flat).items():
             self.global_state[k] = v.to(self.dtypes[k])
         self._records.clear()

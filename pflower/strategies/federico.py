@@ -1,7 +1,7 @@
 """FedeRiCo's server: a relay. Every decision and every model stays with the clients.
 
-A round runs the clients' four relayed steps (:mod:`pflower.client_app.federico`) and an
-evaluation, each one a push and its pulls; between steps the server only moves records
+A round runs the clients' four relayed steps (:mod:`pflower.client_app.federico`) and the
+shared evaluation, each one a push and its pulls; between steps the server only moves records
 from the client that wrote them to the client they name:
 
 - ``plan`` -> each client names its neighbours and its shuffle partner (and the view it offers);
@@ -11,37 +11,60 @@ from the client that wrote them to the client they name:
   and answers with a weighted update for each model's owner;
 - ``update`` <- each client gets the updates of its model, and steps.
 
-References to forwarded records live only inside :meth:`run_round`: the server object holds
-no model after a round. Bytes relayed per step are logged and recorded (``relayed-bytes``).
+Every relayed reply passes the reply gate before anything of it is forwarded: error replies and
+unknown nodes are refused whole; a model or an update must have the model's arrays (keys,
+shapes, dtypes) and be finite; a shuffle buffer must be well formed (the overlay's format, ids
+of this federation); a plan must name clients of this federation. A refused record is counted
+under its reason in ``rejected`` and reaches no client; the round goes on without it.
+References to forwarded records live only inside :meth:`run_round`: the server object holds no
+model after a round. Bytes relayed per step are logged and recorded (``relayed-bytes``).
 """
 
 from __future__ import annotations
 
-from logging import INFO, WARNING
+from logging import INFO
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
-from torch import nn
 
 from pflower.config import Settings
-from pflower.strategies.base import PflStrategy, RoundFailedError
-from pflower.strategies.validation import Reply
+from pflower.methods.federico import GOSSIP, GOSSIP_REPLY, MODEL, PLAN, REQUESTS, gossip_from, gossip_reply, model_of, update_for, update_from
+from pflower.overlay.peer_sampling import buffer_problem
+from pflower.records import from_record
+from pflower.strategies.loop import PflStrategy, RoundFailedError
+from pflower.strategies.validation import ArraySpec, Rejected
 
-RELAY = f"{MessageType.TRAIN}.relay"
+RELAY = "train.relay"
 
 
 class FedericoRelay(PflStrategy):
+    """The relay (see the module docstring); ``view_size`` bounds a shuffle buffer's length."""
+
+    def __init__(self, *, view_size: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.view_size = view_size
+        self.model_spec: dict[str, ArraySpec] = {}
+
     @classmethod
-    def from_model(cls, settings: Settings, model: nn.Module, upload_keys) -> "FedericoRelay":
-        return cls(settings, {}, [])  # no model on the server
+    def from_settings(cls, settings: Settings, model, upload_keys) -> "FedericoRelay":
+        from pflower.records import to_record
 
-    def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        return ArrayRecord()
+        strategy = cls(**cls.common_kwargs(settings), view_size=settings.params.view_size)
+        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)  # the shape of what clients relay
+        return strategy
 
-    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        """Never called: the relay aggregates nothing."""
+    def prepare(self, initial_arrays: ArrayRecord) -> None:
+        """Keep the shapes of what clients relay (to check it), never a model."""
+        self.model_spec = {k: ArraySpec.of(v) for k, v in from_record(initial_arrays).items()}
+        self.initial_arrays = None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        raise NotImplementedError("FedeRiCo has no single training phase: a round is four relayed steps (start() runs them)")
+
+    def aggregate_train(self, server_round, replies):
+        raise NotImplementedError("FedeRiCo aggregates nothing: each client steps its own model")
 
     def round_extras(self, server_round: int) -> dict:
         """``collaboration-weights``: each client's weights over the clients it tracks."""
@@ -52,91 +75,122 @@ class FedericoRelay(PflStrategy):
         }
         return {"collaboration-weights": weights} if weights else {}
 
-    def _step(self, grid: Grid, rnd: int, phase: str, contents: dict[int, RecordDict], config: dict) -> tuple[dict[int, RecordDict], int, int, list[int]]:
-        """Send one step to the clients in ``contents``; (reply contents by client, bytes down, up, missing)."""
+    # ------------------------------------------------------------ the gate
+    def _client(self, client: int) -> bool:
+        return isinstance(client, int) and not isinstance(client, bool) and client in self.federation.node_of
+
+    def _buffer(self, client: int, record: ConfigRecord, what: str) -> bool:
+        why = buffer_problem(record.get("ids"), record.get("ages"), self.federation.num_clients, self.view_size)
+        if why is not None:
+            self.gate.reject(client, Rejected("malformed", why), what)
+        return why is None
+
+    def _plan(self, client: int, content: RecordDict) -> tuple[list[int], list[int]] | None:
+        """(neighbours, partner) of a well-formed plan, else None (refused)."""
+        plan = content.config_records.get(PLAN)
+        if plan is None or GOSSIP not in content.config_records:
+            self.gate.reject(client, Rejected("malformed", f"a plan needs the records '{PLAN}' and '{GOSSIP}'"), "plan")
+            return None
+        if not self._buffer(client, content[GOSSIP], "shuffle"):
+            return None
+        wanted, partner = list(plan.get("neighbours", [])), list(plan.get("gossip-to", []))
+        if not all(self._client(j) and j != client for j in wanted + partner) or len(partner) > 1:
+            self.gate.reject(client, Rejected("malformed", f"plan names unknown clients or itself: {wanted} / {partner}"), "plan")
+            return None
+        return [int(j) for j in wanted], [int(j) for j in partner]
+
+    def _step(self, grid: Grid, rnd: int, phase: str, contents: dict[int, RecordDict], config: dict, traffic: dict, missing: set) -> dict[int, RecordDict]:
+        """Send one step to the clients in ``contents``; their valid replies by client."""
         msgs = []
         for cid in sorted(contents):
             content = contents[cid]
             content["config"] = ConfigRecord({**config, "phase": phase})
-            msgs.append(Message(content, dst_node_id=self.node_of[cid], message_type=RELAY))
-        replies, down, up, missing = self._phase(grid, msgs)
+            msgs.append(Message(content, dst_node_id=self.federation.node_of[cid], message_type=RELAY))
+        out_phase = self.federation.phase(grid, msgs, self.round_timeout)
         del msgs
+        traffic[phase] = (out_phase.down, out_phase.up)
+        missing.update(out_phase.missing)
         out: dict[int, RecordDict] = {}
-        for r in replies:
-            cid = self.client_of.get(r.metadata.src_node_id)
-            if cid is None or r.has_error():
-                reason = "unknown-node" if cid is None else "error"
-                why = f"node {r.metadata.src_node_id} is not a known client" if cid is None else r.error.reason
-                self.rejected[reason] += 1
-                self.problems.append(f"client {cid}: {phase}: {why}")
-                log(WARNING, "FedeRiCo %s: no valid reply from client %s: %s", phase, cid, why)
-                continue
-            out[cid] = r.content
-        log(INFO, "FedeRiCo round %d, %s: %d clients, relayed %d bytes down, %d up", rnd, phase, len(out), down, up)
-        return out, down, up, missing
+        for r in out_phase.replies:
+            cid = self.federation.client_of.get(r.metadata.src_node_id)
+            if cid is None:
+                self.gate.reject(None, Rejected("unknown-node", f"node {r.metadata.src_node_id} is not a known client"), phase)
+            elif r.has_error():
+                self.gate.reject(cid, Rejected("client-error", f"client error: {r.error.reason}"), phase)
+            else:
+                out[cid] = r.content
+        log(INFO, "FedeRiCo round %d, %s: %d clients, relayed %d bytes down, %d up", rnd, phase, len(out), out_phase.down, out_phase.up)
+        return out
 
-    def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, evaluate_config: dict, result: Result) -> dict:
+    # ----------------------------------------------------------- the round
+    def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, result: Result) -> dict:
         cfg = {**config, **train_config}
-        ids = sorted(self.node_of)
+        ids = self.federation.ids
         traffic: dict[str, tuple[int, int]] = {}  # step -> (bytes down, bytes up)
         missing: set[int] = set()
 
-        def step(phase: str, contents: dict[int, RecordDict]) -> dict[int, RecordDict]:
-            out, down, up, miss = self._step(grid, rnd, phase, contents, cfg)
-            traffic[phase] = (down, up)
-            missing.update(miss)
-            return out
-
-        plans = step("plan", {c: RecordDict() for c in ids})
-        wanted = {i: [int(j) for j in p["plan"].get("neighbours", [])] for i, p in plans.items()}
-        partner = {i: [int(j) for j in p["plan"].get("gossip-to", [])] for i, p in plans.items()}
+        plans = {}
+        for i, content in self._step(grid, rnd, "plan", {c: RecordDict() for c in ids}, cfg, traffic, missing).items():
+            if (plan := self._plan(i, content)) is not None:
+                plans[i] = (plan, content[GOSSIP])
 
         serve = {j: RecordDict() for j in plans}
         requests = {j: {"requested-by": [], "gossip-from": []} for j in plans}
-        for i in sorted(plans):
-            for j in wanted[i]:
+        for i, ((wanted, partner), shuffle) in sorted(plans.items()):
+            for j in wanted:
                 if j in serve:
                     requests[j]["requested-by"].append(i)
-            for j in partner[i]:
+            for j in partner:
                 if j in serve:
                     requests[j]["gossip-from"].append(i)
-                    serve[j][f"gossip-{i}"] = plans[i]["gossip"]
+                    serve[j][gossip_from(i)] = shuffle
         for j in serve:
-            serve[j]["requests"] = ConfigRecord(requests[j])
-        del plans
-        served = step("serve", serve)
+            serve[j][REQUESTS] = ConfigRecord(requests[j])
+        served = self._step(grid, rnd, "serve", serve, cfg, traffic, missing)
         del serve
 
-        use = {i: RecordDict() for i in wanted}
-        for i in sorted(wanted):
-            for j in wanted[i]:
-                if j in served and "model" in served[j].array_records:
-                    use[i][f"model-{j}"] = served[j]["model"]
-            for j in partner[i]:
-                if j in served and f"gossip-reply-{i}" in served[j].config_records:
-                    use[i]["gossip-reply"] = served[j][f"gossip-reply-{i}"]
+        models: dict[int, ArrayRecord] = {}
+        replies: dict[tuple[int, int], ConfigRecord] = {}  # (from, to) -> shuffle reply
+        for j, content in served.items():
+            if MODEL in content.array_records and self.gate.arrays(j, content[MODEL], self.model_spec, "model"):
+                models[j] = content[MODEL]
+            for i in requests.get(j, {}).get("gossip-from", []):
+                if gossip_reply(i) in content.config_records and self._buffer(j, content[gossip_reply(i)], "shuffle reply"):
+                    replies[(j, i)] = content[gossip_reply(i)]
         del served
-        used = step("use", use)
+
+        use = {i: RecordDict() for i in plans}
+        for i, ((wanted, partner), _) in sorted(plans.items()):
+            for j in wanted:
+                if j in models:
+                    use[i][model_of(j)] = models[j]
+            for j in partner:
+                if (j, i) in replies:
+                    use[i][GOSSIP_REPLY] = replies[(j, i)]
+        del models, replies
+        used = self._step(grid, rnd, "use", use, cfg, traffic, missing)
         del use
 
         update = {j: RecordDict() for j in used}
-        for i in sorted(used):
-            for name in used[i].array_records:
-                j = int(name.removeprefix("update-"))
-                if j in update:
-                    update[j][f"update-from-{i}"] = used[i][name]
+        for i, content in sorted(used.items()):
+            for name in content.array_records:
+                j = name.removeprefix("update-")
+                target = int(j) if j.isdigit() else None
+                if target not in update or name != update_for(target):
+                    self.gate.reject(i, Rejected("malformed", f"update '{name}' for no client of this round"), "update")
+                elif self.gate.arrays(i, content[name], self.model_spec, f"update of client {target}'s model"):
+                    update[target][update_from(i)] = content[name]
         del used
-        updated = step("update", update)
+        updated = self._step(grid, rnd, "update", update, cfg, traffic, missing)
         del update
-        if len(updated) < self.settings.min_replies:
-            raise RoundFailedError(self._failure(rnd, len(ids), len(updated), sorted(missing)))
-
-        e_down, e_up, e_missing = self.evaluate_phase(grid, rnd, {**config, **evaluate_config}, result)
+        if len(updated) < self.min_replies:
+            why = "; ".join(self.gate.problems[:5]) or "no replies"
+            raise RoundFailedError(f"round {rnd}: {len(updated)} clients finished the round, fewer than min-replies={self.min_replies}: {why}")
         return {
             "train-loss": None,
-            "bytes-down": sum(d for d, _ in traffic.values()) + e_down,
-            "bytes-up": sum(u for _, u in traffic.values()) + e_up,
+            "bytes-down": sum(d for d, _ in traffic.values()),
+            "bytes-up": sum(u for _, u in traffic.values()),
             "relayed-bytes": {phase: d for phase, (d, _) in traffic.items()},
             "sampled": len(ids),
-            "missing": sorted(missing | set(e_missing)),
+            "missing": sorted(missing),
         }

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord
 
-from pflower.strategies.base import PflStrategy
+from pflower.strategies.loop import TrainRounds
 from pflower.strategies.validation import Reply
 
 
-class Local(PflStrategy):
-    def train_arrays(self, server_round: int, client_id: int) -> ArrayRecord:
-        return ArrayRecord()
+class Local(TrainRounds):
+    def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        return {cid: ArrayRecord() for cid in ids}
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Nothing to aggregate: every client keeps its own model."""

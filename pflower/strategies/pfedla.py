@@ -24,17 +24,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from logging import INFO
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType
+from flwr.app import ArrayRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from pflower.config import ConfigError, Settings
 from pflower.models import Layer, layers
-from pflower.records import FlatSpec, to_record
+from pflower.models.layers import layers_of_state
+from pflower.records import FlatSpec, from_record, to_record
 from pflower.similarity import alpha_structure
-from pflower.strategies.base import PflStrategy
+from pflower.strategies.loop import TrainRounds
 from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_spread, mix
 from pflower.strategies.validation import Reply
 
@@ -48,33 +47,59 @@ def _chunks(items: Sequence) -> list[Sequence]:
     return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
 
 
-class PFedLA(PflStrategy):
-    def __init__(self, settings: Settings, template: Mapping[str, torch.Tensor], upload_keys: Sequence[str], layers: Sequence[Layer]):
-        super().__init__(settings, template, upload_keys)
-        self.layers = list(layers)
-        self.spec = FlatSpec.of(template, [k for l in self.layers for k in l.keys])
-        self.segments = [(self.spec.slice(l.keys[0]).start, self.spec.slice(l.keys[-1]).stop) for l in self.layers]
-        self.initial = self.spec.flatten(template)
-        self.top_k = getattr(settings.params, "top_k", 0)  # HeurpFedLA's
-        if self.top_k > len(self.layers):
-            raise ConfigError([(f"{settings.method}.top-k", self.top_k, f"must be <= {len(self.layers)} (layers of the model)")])
+class PFedLA(TrainRounds):
+    """pFedLA, HeurpFedLA with ``top_k`` > 0; see the module docstring.
+
+    Keyword arguments: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``key_dim`` (the
+    hypernetworks), ``top_k``, ``layers`` (the model's layers; by default found from the
+    ``initial_arrays`` keys, a module's parameters being one layer), and :class:`TrainRounds`'.
+    With clients that keep no state (a ClientApp without a ``query`` handler), what they would
+    keep travels instead: their retained layers (their own copy) and the arrays that belong to
+    no layer (BatchNorm statistics, as they last uploaded them).
+    """
+
+    def __init__(
+        self, *, hn_lr: float = 0.05, embedding_dim: int = 100, hidden_dim: int = 100, key_dim: int = 100, top_k: int = 0,
+        layers: Sequence[Layer] | None = None, **kwargs,
+    ):  # fmt: skip
+        super().__init__(**kwargs)
+        self.hn_lr, self.embedding_dim, self.hidden_dim, self.key_dim, self.top_k = hn_lr, embedding_dim, hidden_dim, key_dim, top_k
+        self.layers = list(layers) if layers is not None else None
         self.theta: torch.Tensor | None = None
         self.hn: HyperNetworks | None = None
+        self.extras: dict[int, dict[str, torch.Tensor]] = {}  # stateless clients' non-layer arrays
         self._outgoing: dict[int, ArrayRecord] = {}
         self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
         self.unsynced: set[int] = set()  # trained, reply not accepted: own layers the server has not seen
 
     @classmethod
-    def from_model(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
-        return cls(settings, model.state_dict(), upload_keys, layers(model))
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
+        p = settings.params
+        strategy = cls(**cls.common_kwargs(settings), hn_lr=p.hn_lr, embedding_dim=p.embedding_dim, hidden_dim=p.hidden_dim,
+                       key_dim=p.key_dim, top_k=getattr(p, "top_k", 0), layers=layers(model))  # fmt: skip
+        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        if strategy.top_k > len(strategy.layers):
+            raise ConfigError([(f"{settings.method}.top-k", strategy.top_k, f"must be <= {len(strategy.layers)} (layers of the model)")])
+        return strategy
 
-    def discover(self, grid: Grid, timeout: float) -> None:
-        """Learn the client ids, then allocate one model row and one hypernetwork per client."""
-        super().discover(grid, timeout)
-        s, n = self.settings, self.num_clients
-        self.theta = self.initial.repeat(n, 1)
-        p = s.params
-        self.hn = HyperNetworks.create(n, len(self.layers), p.embedding_dim, p.hidden_dim, p.key_dim, s.seed)
+    def prepare(self, initial_arrays: ArrayRecord) -> None:
+        """One model row and one hypernetwork per client, from the initial model."""
+        super().prepare(initial_arrays)
+        state = from_record(initial_arrays)
+        self.layers = self.layers or layers_of_state(state)
+        if self.top_k > len(self.layers):
+            raise ValueError(f"top_k={self.top_k} must be <= {len(self.layers)} (layers of the model)")
+        self.spec = FlatSpec.of(state, [k for l in self.layers for k in l.keys])
+        self.segments = [(self.spec.slice(l.keys[0]).start, self.spec.slice(l.keys[-1]).stop) for l in self.layers]
+        self.extra_keys = [k for k in state if k not in self.spec.keys]
+        self.initial_extras = {k: state[k] for k in self.extra_keys}
+        n = self.federation.num_clients
+        self.theta = self.spec.flatten(state).repeat(n, 1)
+        self.hn = HyperNetworks.create(n, len(self.layers), self.embedding_dim, self.hidden_dim, self.key_dim, self.seed)
+
+    @property
+    def num_clients(self) -> int:
+        return self.federation.num_clients
 
     def retained_layers(self, alpha: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[S, L] bool: the ``top-k`` layers of highest self-weight alpha[s, l, ids[s]] (alpha [S, L, N])."""
@@ -84,38 +109,45 @@ class PFedLA(PflStrategy):
             mask.scatter_(1, torch.topk(own, self.top_k, dim=1).indices, True)
         return mask
 
-    def _prepare(self, ids: list[int]) -> dict[int, torch.Tensor]:
-        """bar_theta_i of ``ids`` from the current weights and models, as messages in ``_outgoing``
-        without their retained layers; returns each client's retained layers."""
-        retained = {}
+    def personalized(self, ids: list[int]) -> tuple[dict[int, ArrayRecord], dict[int, torch.Tensor]]:
+        """bar_theta_i of ``ids`` from the current weights and models, as records, and each
+        client's retained layers ([L] bool). A client's record leaves out its retained layers,
+        unless it keeps no state: then they carry its own model (and its non-layer arrays)."""
+        records, retained = {}, {}
+        stateless = self.federation.stateless
         with torch.no_grad():
             for part in _chunks(ids):
                 idx = torch.tensor(part)
                 alpha = self.hn.alpha(idx)
                 mask = self.retained_layers(alpha, idx)
                 mask[[r for r, cid in enumerate(part) if cid in self.unsynced]] = False
-                bar = mix(alpha, self.theta, self.segments)
+                bar = mix(keep_retained(alpha, idx, mask), self.theta, self.segments)
                 for r, cid in enumerate(part):
-                    keep = {k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys}
-                    self._outgoing[cid] = to_record(self.spec.unflatten(bar[r]), [k for k in self.spec.keys if k not in keep])
+                    state = self.spec.unflatten(bar[r])
+                    if cid in stateless:
+                        records[cid] = to_record({**state, **self.extras.get(cid, self.initial_extras)})
+                    else:
+                        keep = {k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys}
+                        records[cid] = to_record(state, [k for k in self.spec.keys if k not in keep])
                     retained[cid] = mask[r]
-        return retained
+        return records, retained
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
         """Every sampled client's bar_theta_i, from this round's snapshot of ``theta``."""
-        ids = self.sample(server_round)
-        self.retained_in_training = self._prepare(ids)
+        records, self.retained_in_training = self.personalized(ids)
         self.unsynced |= set(ids)  # until their replies are accepted
-        return self._messages(ids, MessageType.TRAIN, self._pop, server_round, config)
+        return records
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
-        """Every client's personalized model after this round's update, as it would be sent for training."""
-        ids = sorted(self.node_of)
-        self._prepare(ids)
-        return self._messages(ids, MessageType.EVALUATE, self._pop, server_round, config)
+    def evaluate_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        """The personalized models after this round's update, as they would be sent for training."""
+        return self.personalized(ids)[0]
 
-    def _pop(self, server_round: int, client_id: int) -> ArrayRecord:
-        return self._outgoing.pop(client_id)
+    def global_arrays(self) -> ArrayRecord:
+        """The clients' models averaged by their samples (what ``evaluate_fn`` evaluates)."""
+        if self.theta is None:
+            return ArrayRecord()
+        n = torch.tensor([float(self.federation.num_examples.get(c, 1)) for c in range(self.num_clients)])
+        return to_record({**self.initial_extras, **self.spec.unflatten((n / n.sum()) @ self.theta)})
 
     def _retained_mask(self, ids: Sequence[int]) -> torch.Tensor:
         no = torch.zeros(len(self.layers), dtype=torch.bool)
@@ -130,27 +162,31 @@ class PFedLA(PflStrategy):
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Hypernetwork steps against the round's snapshot, then the new client models."""
-        if self.settings.params.hn_lr > 0:
+        if self.hn_lr > 0:
             spread = layer_spread(self.theta, self.segments)
             for part in _chunks(replies):
                 ids = [r.client_id for r in part]
                 trained = self.spec.stack(r.arrays for r in part)
-                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.settings.params.hn_lr,
+                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.hn_lr,
                                     retained=self._retained_mask(ids), spread=spread)  # fmt: skip
         for part in _chunks(replies):
             self.theta[torch.tensor([r.client_id for r in part])] = self.spec.stack(r.arrays for r in part)
+        for r in replies:
+            if r.client_id in self.federation.stateless and self.extra_keys:
+                self.extras[r.client_id] = {k: r.arrays[k] for k in self.extra_keys}
         self.unsynced -= {r.client_id for r in replies}
 
     def state_dict(self) -> dict:
         """Client models, hypernetworks with embeddings and keys (plain SGD keeps no optimizer state)."""
         return {**super().state_dict(), "theta": self.theta, "hn": dict(self.hn.params), "hn-keys": self.hn.keys,
-                "unsynced": sorted(self.unsynced)}  # fmt: skip
+                "unsynced": sorted(self.unsynced), "extras": {str(c): e for c, e in self.extras.items()}}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.theta = state["theta"].clone()
         self.hn = HyperNetworks({k: v.clone() for k, v in state["hn"].items()}, state["hn-keys"].clone())
         self.unsynced = set(state["unsynced"])
+        self.extras = {int(c): e for c, e in state["extras"].items()}
 
     def round_extras(self, server_round: int) -> dict:
         """The weights after this round (alpha[client][layer] = list over clients) and, where the
@@ -160,10 +196,11 @@ class PFedLA(PflStrategy):
         with torch.no_grad():
             alpha = self.hn.alpha(torch.arange(self.num_clients))
         out: dict = {"alpha": {str(i): [[round(float(x), 5) for x in row] for row in a] for i, a in enumerate(alpha)}}
-        if len(self.client_classes) == self.num_clients:
-            structure = alpha_structure(alpha.numpy(), [self.client_classes[i] for i in range(self.num_clients)])
+        classes = self.federation.classes
+        if len(classes) == self.num_clients:
+            structure = alpha_structure(alpha.numpy(), [classes[i] for i in range(self.num_clients)])
             out["alpha-structure"] = structure
-            if server_round == self.settings.num_server_rounds:
+            if server_round == self.num_rounds:
                 ratios = ", ".join("-" if r is None else f"{r:.2f}" for r in structure["ratio"])
                 corr = ", ".join("-" if c is None else f"{c:.2f}" for c in structure["overlap-correlation"])
                 log(INFO, "Weights per layer: same-classes / disjoint-classes ratio %s; correlation with class overlap %s", ratios, corr)

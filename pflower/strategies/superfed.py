@@ -15,8 +15,8 @@ from pflower.strategies.fedavg import FedAvg
 
 
 class SuperFed(FedAvg):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.pooled_val_loss: list[float] = []  # the last evaluation's; empty before the first
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 
 from pflower.records import from_record
 
@@ -45,6 +45,8 @@ class Rejected(Exception):
 def check_reply(msg: Message, expected_client: int | None, spec: Mapping[str, ArraySpec] | None) -> Reply:
     """Validate one reply; raise :class:`Rejected` naming the first problem.
 
+    ``expected_client``: the client of the node it came from (None for an identity reply, which
+    must say its ``client-id``; other replies may omit it, and must match if they say it).
     ``spec`` is None for replies that carry no arrays (evaluation), else the exact set of
     arrays expected with their shapes and dtypes.
     """
@@ -54,7 +56,7 @@ def check_reply(msg: Message, expected_client: int | None, spec: Mapping[str, Ar
     if len(content.metric_records) != 1:
         raise Rejected("malformed", f"expected one MetricRecord, got {len(content.metric_records)}")
     metrics = dict(next(iter(content.metric_records.values())))
-    cid = metrics.get("client-id")
+    cid = metrics.get("client-id", expected_client)  # optional once the node's client is known
     if not isinstance(cid, int) or (expected_client is not None and cid != expected_client):
         raise Rejected("client-id", f"client-id {cid!r} does not match the node's client {expected_client}")
     n = metrics.get("num-examples")
@@ -65,23 +67,29 @@ def check_reply(msg: Message, expected_client: int | None, spec: Mapping[str, Ar
         records = list(content.array_records.values())
         if len(records) != 1:
             raise Rejected("malformed", f"expected one ArrayRecord, got {len(records)}")
-        keys = set(records[0].keys())
-        if keys != set(spec):
-            missing, extra = sorted(set(spec) - keys), sorted(keys - set(spec))
-            raise Rejected("keys", f"missing arrays {missing[:3]}, unexpected arrays {extra[:3]}")
-        try:
-            arrays = from_record(records[0])
-        except (ValueError, TypeError) as err:
-            raise Rejected("malformed", f"undecodable array: {err}") from None
-        for k, t in arrays.items():
-            want = spec[k]
-            if tuple(t.shape) != want.shape:
-                raise Rejected("shape", f"array '{k}' has shape {tuple(t.shape)}, expected {want.shape}")
-            if t.dtype != want.dtype:
-                raise Rejected("dtype", f"array '{k}' has dtype {t.dtype}, expected {want.dtype}")
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise Rejected("non-finite", f"array '{k}' holds NaN or Inf")
+        arrays = check_arrays(records[0], spec)
     for k, v in metrics.items():
         if isinstance(v, float) and not np.isfinite(v):
             raise Rejected("non-finite", f"metric '{k}' is {v}")
     return Reply(cid, n, metrics, arrays)
+
+
+def check_arrays(record: ArrayRecord, spec: Mapping[str, ArraySpec]) -> dict[str, torch.Tensor]:
+    """The tensors of ``record`` if it has exactly the arrays of ``spec`` (shapes, dtypes), all finite."""
+    keys = set(record.keys())
+    if keys != set(spec):
+        missing, extra = sorted(set(spec) - keys), sorted(keys - set(spec))
+        raise Rejected("keys", f"missing arrays {missing[:3]}, unexpected arrays {extra[:3]}")
+    try:
+        arrays = from_record(record)
+    except (ValueError, TypeError) as err:
+        raise Rejected("malformed", f"undecodable array: {err}") from None
+    for k, t in arrays.items():
+        want = spec[k]
+        if tuple(t.shape) != want.shape:
+            raise Rejected("shape", f"array '{k}' has shape {tuple(t.shape)}, expected {want.shape}")
+        if t.dtype != want.dtype:
+            raise Rejected("dtype", f"array '{k}' has dtype {t.dtype}, expected {want.dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise Rejected("non-finite", f"array '{k}' holds NaN or Inf")
+    return arrays

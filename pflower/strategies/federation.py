@@ -1,0 +1,204 @@
+"""Who the clients are and how messages reach them: identity, sampling, and one phase of messages.
+
+- Identity: a ``query`` round maps Flower node ids (random per run) to the stable client ids
+  the clients report (their ``partition-id``), with their number of clients, training samples
+  and classes. A node whose ClientApp has no ``query`` handler (a quickstart-style ClientApp
+  that only trains and evaluates) gets the next free client id in node-id order, and its
+  sample count is what its first training reply says.
+- Sampling: a share of the known clients, drawn from (seed, round, purpose) alone.
+- Phases: push messages, pull replies until all came or the timeout passed; the bytes each way,
+  and the clients that did not answer (or whose node Flower reports gone).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from pflower.records import payload_bytes
+from pflower.strategies.validation import Rejected, check_reply
+
+#: Error codes with which Flower answers for a node that is gone: the client is missing, not faulty.
+UNAVAILABLE = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
+
+#: What a Flower ClientApp without a ``query`` handler answers the identity query.
+NO_QUERY_HANDLER = "No query function registered"
+
+#: Poll schedule of :func:`send_and_receive`: wait 5% of the time the phase has taken so far,
+#: at least 5 ms and at most 0.5 s.
+POLL_FIRST, POLL_SHARE, POLL_MAX = 0.005, 0.05, 0.5
+
+#: Streams of :meth:`Federation.sample`: which clients train, which evaluate.
+TRAIN_SAMPLE, EVALUATE_SAMPLE = 0, 1
+
+
+def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
+    """Push ``messages``, then pull their replies until all came or ``timeout`` seconds passed.
+
+    Flower's own ``Grid.send_and_receive`` sleeps a fixed 3 s between pulls on the SuperLink's
+    HTTP grid (deployment) and 0.1 s on the in-memory one (simulation), which every phase of
+    every round pays. Here a reply is noticed within about 5% of the phase's length, and a
+    long phase still costs the SuperLink only a couple of requests per second.
+    """
+    pending = set(grid.push_messages(messages))
+    start = time.monotonic()
+    replies: list[Message] = []
+    while pending:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        elapsed = time.monotonic() - start
+        if not pending or elapsed >= timeout:
+            break
+        time.sleep(min(max(POLL_FIRST, POLL_SHARE * elapsed), POLL_MAX, timeout - elapsed))
+    return replies
+
+
+class NoClientsError(RuntimeError):
+    """No client answered the identity query in time."""
+
+
+@dataclass
+class Phase:
+    """The outcome of one phase: replies (not from gone nodes), bytes each way, silent clients."""
+
+    replies: list[Message]
+    down: int
+    up: int
+    missing: list[int]
+
+
+class Federation:
+    """The clients of a run: identity, sampling, phases (see the module docstring)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self.client_of: dict[int, int] = {}  # node id -> client id
+        self.num_examples: dict[int, int] = {}  # training samples each client said it has
+        self.classes: dict[int, list[int]] = {}  # the classes of its data, if it said
+        self.stateless: set[int] = set()  # clients without a query handler (quickstart-style)
+        self.num_clients = 0
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(self.node_of)
+
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """Ask every new node who it is until all clients are known or time runs out.
+
+        Nodes that answer with an error (a ClientApp that cannot start, e.g. unreadable data)
+        are asked again; if every node has answered and none could start, the run stops at once
+        with their reasons instead of waiting out the timeout.
+        """
+        deadline = time.monotonic() + timeout
+        failed: dict[int, str] = {}
+        while True:
+            nodes = self.query_new_nodes(grid, timeout, failed)
+            if self.num_clients and len(self.node_of) >= self.num_clients:
+                break
+            if nodes and not self.node_of and set(nodes) <= set(failed):
+                reasons = "; ".join(f"node {n}: {why}" for n, why in sorted(failed.items())[:3])
+                raise NoClientsError(f"no client could start ({len(failed)} of {len(nodes)} nodes answered with an error): {reasons}")
+            if time.monotonic() > deadline:
+                if not self.node_of:
+                    raise NoClientsError(f"no client answered the identity query within {timeout:.0f} s")
+                log(WARNING, "Only %d of %d clients answered; going on with them", len(self.node_of), self.num_clients)
+                break
+            time.sleep(0.5)
+        ids = self.ids
+        shown = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 3 else str(ids)
+        log(INFO, "Clients: %d (ids %s)%s", len(ids), shown, f", {len(self.stateless)} without a query handler" if self.stateless else "")
+
+    def query_new_nodes(self, grid: Grid, timeout: float, failed: dict[int, str] | None = None) -> list[int]:
+        """Ask nodes not yet known (new, or a restarted SuperNode under a new node id) who they are.
+
+        Returns the current node ids; ``failed`` collects the nodes that answered with an error.
+        """
+        failed = {} if failed is None else failed
+        nodes = list(grid.get_node_ids())
+        new = [n for n in nodes if n not in self.client_of]
+        if new:
+            msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+            for reply in sorted(send_and_receive(grid, msgs, timeout), key=lambda r: r.metadata.src_node_id):
+                node = reply.metadata.src_node_id
+                why = self._register_stateless(node, len(nodes)) if self._no_handler(reply) else self._register(reply)
+                if why is None:
+                    failed.pop(node, None)
+                else:
+                    failed[node] = why
+        return nodes
+
+    @staticmethod
+    def _no_handler(reply: Message) -> bool:
+        return reply.has_error() and NO_QUERY_HANDLER in reply.error.reason
+
+    def _register(self, reply: Message) -> str | None:
+        """Record a node's identity; returns why it could not be registered, or None."""
+        node = reply.metadata.src_node_id
+        try:
+            r = check_reply(reply, None, None)
+            n_clients = int(r.metrics["num-clients"])
+        except (Rejected, KeyError, TypeError, ValueError) as err:
+            log(WARNING, "Node %s did not identify itself: %s", node, err)
+            return str(err)
+        if r.client_id in self.node_of and self.node_of[r.client_id] != node:
+            log(INFO, "Client %d is back as node %s", r.client_id, node)
+            self.client_of.pop(self.node_of[r.client_id], None)
+        self.node_of[r.client_id] = node
+        self.client_of[node] = r.client_id
+        self.num_examples[r.client_id] = r.num_examples
+        classes = r.metrics.get("classes")
+        if isinstance(classes, list) and all(isinstance(c, int) for c in classes):
+            self.classes[r.client_id] = classes
+        self.num_clients = max(self.num_clients, n_clients)
+        return None
+
+    def _register_stateless(self, node: int, nodes: int) -> None:
+        """A node without a query handler: the smallest client id not taken."""
+        cid = next(i for i in range(len(self.node_of) + 1) if i not in self.node_of)
+        self.node_of[cid] = node
+        self.client_of[node] = cid
+        self.stateless.add(cid)
+        self.num_clients = max(self.num_clients, nodes)
+        return None
+
+    def sample(self, fraction: float, server_round: int, purpose: int = TRAIN_SAMPLE) -> list[int]:
+        """``fraction`` of the known clients (at least one); depends only on (seed, round, purpose)."""
+        ids = np.array(self.ids)
+        k = max(1, int(round(fraction * len(ids))))
+        if k >= len(ids):
+            return ids.tolist()
+        entropy = [self.seed, server_round] + ([purpose] if purpose else [])
+        return sorted(np.random.default_rng(entropy).choice(ids, size=k, replace=False).tolist())
+
+    def messages(
+        self, ids: Iterable[int], kind: str, arrays: Mapping[int, ArrayRecord] | Callable[[int], ArrayRecord], config: ConfigRecord,
+    ) -> list[Message]:  # fmt: skip
+        """One message of type ``kind`` per client: its arrays and the config."""
+        get = arrays if callable(arrays) else arrays.__getitem__
+        return [Message(RecordDict({"arrays": get(cid), "config": config}), dst_node_id=self.node_of[cid], message_type=kind) for cid in ids]
+
+    def phase(self, grid: Grid, messages: list[Message], timeout: float) -> Phase:
+        """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on."""
+        down = sum(payload_bytes(m.content) for m in messages)
+        replies = send_and_receive(grid, messages, timeout)
+        replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
+        up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
+        answered = {r.metadata.src_node_id for r in replies}
+        missing = sorted(self.client_of[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered)
+        return Phase(replies, down, up, missing)
+
+    def state_dict(self) -> dict:
+        return {"num-clients": self.num_clients, "num-examples": dict(self.num_examples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.num_examples.update(state["num-examples"])

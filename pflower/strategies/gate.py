@@ -1,0 +1,105 @@
+"""The reply gate: every reply, relayed ones included, passes here before any server state or
+any other client sees it.
+
+A reply goes through :func:`~pflower.strategies.validation.check_reply` (error replies, client
+id, ``num-examples``, arrays: keys, shapes, dtypes, NaN/Inf, non-finite metrics), then the bounds:
+``num-examples`` at most ``max-examples-factor`` times what the client reported before, and the
+update norm (uploaded minus what the client started from) at most ``max-update-norm``. A
+rejected reply is logged with its client and reason, counted per reason (metrics.json
+``rejected``) and kept in this round's problems (a round that fails names them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from logging import WARNING
+
+import torch
+from flwr.app import ArrayRecord, Message, MessageType
+from flwr.common.logger import log
+
+from pflower.strategies.validation import ArraySpec, Rejected, Reply, check_arrays, check_reply
+
+
+class ReplyGate:
+    """Validation, bounds and counts; see the module docstring."""
+
+    def __init__(self, max_update_norm: float = 0.0, max_examples_factor: float = 2.0):
+        self.max_update_norm = max_update_norm
+        self.max_examples_factor = max_examples_factor
+        self.rejected: Counter[str] = Counter()
+        self.problems: list[str] = []  # this round's rejections, "client 3: reason"
+        #: The samples each client reported first, per message type (training: from its identity).
+        self.reported: dict[str, dict[int, int]] = {MessageType.TRAIN: {}, MessageType.EVALUATE: {}}
+
+    def new_round(self) -> None:
+        self.rejected.clear()
+        self.problems.clear()
+
+    def reject(self, client: int | None, err: Rejected, what: str = "") -> None:
+        """Count and log one rejected reply (or relayed record)."""
+        self.rejected[err.reason] += 1
+        self.problems.append(f"client {client}: {what + ': ' if what else ''}{err}")
+        log(WARNING, "Rejected %sfrom client %s: %s", f"{what} " if what else "a reply ", client, err)
+
+    def _bounds(self, reply: Reply, kind: str, spec: Mapping[str, ArraySpec] | None, reference) -> None:
+        before = self.reported[kind].get(reply.client_id)
+        if before is not None and reply.num_examples > self.max_examples_factor * before:
+            raise Rejected(
+                "num-examples",
+                f"num-examples {reply.num_examples} exceeds max-examples-factor={self.max_examples_factor:g} x the {before} it reported before",
+            )
+        if spec and self.max_update_norm > 0 and reference is not None and (ref := reference(reply.client_id)) is not None:
+            norm = sum(float((reply.arrays[k].double() - ref[k].double()).square().sum()) for k in spec) ** 0.5
+            if norm > self.max_update_norm:
+                raise Rejected("update-norm", f"update norm {norm:.4g} exceeds max-update-norm={self.max_update_norm:g}")
+
+    def accept(
+        self,
+        replies: Iterable[Message],
+        client_of: Mapping[int, int],
+        spec: Mapping[str, ArraySpec] | None,
+        kind: str = MessageType.TRAIN,
+        reference: Callable[[int], Mapping[str, torch.Tensor] | None] | None = None,
+    ) -> list[Reply]:
+        """The valid replies of one phase of ``kind``, by client id; every other one is rejected.
+
+        ``spec``: the arrays a reply must carry (None: none are read); ``reference(client)``:
+        what the client started from, for the update-norm bound.
+        """
+        valid: dict[int, Reply] = {}
+        for msg in replies:
+            expected = client_of.get(msg.metadata.src_node_id)
+            try:
+                if expected is None:
+                    raise Rejected("unknown-node", f"node {msg.metadata.src_node_id} is not a known client")
+                reply = check_reply(msg, expected, spec)
+                if reply.client_id in valid:
+                    raise Rejected("duplicate", "second reply in one phase")
+                self._bounds(reply, kind, spec, reference)
+            except Rejected as err:
+                self.reject(expected, err)
+                continue
+            valid[reply.client_id] = reply
+            self.reported[kind].setdefault(reply.client_id, reply.num_examples)
+            if spec is not None:  # decoded: drop the wire bytes, so a round holds one copy of each update
+                for name in list(msg.content.array_records):
+                    del msg.content[name]
+        return [valid[c] for c in sorted(valid)]
+
+    def arrays(self, client: int, record: ArrayRecord, spec: Mapping[str, ArraySpec], what: str) -> bool:
+        """A relayed ArrayRecord: the keys, shapes and dtypes of ``spec``, finite; rejected (False) otherwise."""
+        try:
+            check_arrays(record, spec)
+        except Rejected as err:
+            self.reject(client, err, what)
+            return False
+        return True
+
+    def state_dict(self) -> dict:
+        return {"reported": {k: dict(v) for k, v in self.reported.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for kind, seen in state["reported"].items():
+            self.reported[kind].update(seen)

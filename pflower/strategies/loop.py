@@ -1,0 +1,343 @@
+"""The run loop every pflower strategy shares, and Flower's ``Strategy.start`` contract.
+
+:class:`PflStrategy` is a Flower Message-API ``Strategy`` built with keyword arguments (all
+with defaults). ``start(grid, initial_arrays, num_rounds, timeout, train_config,
+evaluate_config, evaluate_fn)`` honours each argument as Flower's own strategies do: the
+initial arrays define the model, the configs go into every message of their phase, and
+``evaluate_fn(round, arrays)`` evaluates the strategy's global arrays on the server before the
+first round and after each one. A run:
+
+1. identity (:class:`~pflower.strategies.federation.Federation`), then :meth:`prepare` builds
+   the server state from the initial arrays; a checkpoint (``resume-from``) is loaded;
+2. every round: :meth:`run_round` (the subclass's round), then evaluation every
+   ``evaluate_every`` rounds by ``fraction_evaluate`` of the clients (every client in the last
+   round), through the reply gate;
+3. a metrics row per round (progress line, metrics.json) and a checkpoint, when the strategy
+   has a ``results_dir``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from pflower.checkpoint import Checkpoint, save_checkpoint
+from pflower.config import ConfigError, Settings
+from pflower.records import to_record
+from pflower.results import Recorder
+from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, Phase
+from pflower.strategies.gate import ReplyGate
+from pflower.strategies.validation import ArraySpec, Reply
+
+
+class RoundFailedError(RuntimeError):
+    """A round got fewer valid training replies than ``min_replies``; the message says why."""
+
+
+#: Metrics averaged over clients by test samples; accuracy is also averaged unweighted.
+WEIGHTED_METRICS = ("loss", "top5-accuracy", "ece", "mce")
+
+
+class PflStrategy(Strategy):
+    """The shared run loop; a subclass implements :meth:`run_round` (and :meth:`prepare`)."""
+
+    def __init__(
+        self,
+        *,
+        fraction_evaluate: float = 1.0,
+        evaluate_every: int = 1,
+        min_replies: int = 1,
+        round_timeout: float = 600.0,
+        max_update_norm: float = 0.0,
+        max_examples_factor: float = 2.0,
+        seed: int = 0,
+        results_dir: str | Path | None = None,
+        run_config: Mapping[str, Any] | None = None,
+    ):
+        if not 0 < fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate={fraction_evaluate} must be in (0, 1]")
+        if evaluate_every < 1:
+            raise ValueError(f"evaluate_every={evaluate_every} must be >= 1")
+        self.fraction_evaluate = fraction_evaluate
+        self.evaluate_every = evaluate_every
+        self.min_replies = min_replies
+        self.round_timeout = round_timeout
+        self.seed = seed
+        self.results_dir = None if results_dir is None else Path(results_dir).expanduser().resolve()
+        self.run_config = dict(run_config or {})
+        self.federation = Federation(seed)
+        self.gate = ReplyGate(max_update_norm, max_examples_factor)
+        self.initial_arrays: ArrayRecord | None = None  # set by from_settings; start() may give others
+        self.num_rounds = 0
+        self.eval_metrics: dict[int, dict] = {}  # the last evaluation reply of each client
+        #: The evaluation protocol (what clients evaluate, fine-tuning epochs), for metrics.json.
+        self.evaluation: dict = {}
+
+    # ------------------------------------------------------------ building
+    @staticmethod
+    def common_kwargs(settings: Settings) -> dict[str, Any]:
+        """The keyword arguments every strategy takes, from a pflower run config."""
+        s = settings
+        return dict(fraction_evaluate=s.fraction_evaluate, evaluate_every=s.evaluate_every, min_replies=s.min_replies,
+                    round_timeout=s.round_timeout, max_update_norm=s.max_update_norm, max_examples_factor=s.max_examples_factor,
+                    seed=s.seed, results_dir=s.results_dir, run_config=s.to_run_config())  # fmt: skip
+
+    @classmethod
+    def from_settings(cls, settings: Settings, model, upload_keys) -> "PflStrategy":
+        """The strategy of a pflower run: its keyword arguments from the run config, its initial
+        arrays the model's upload keys."""
+        strategy = cls(**cls.common_kwargs(settings))
+        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        return strategy
+
+    # -------------------------------------------------------------- hooks
+    def prepare(self, initial_arrays: ArrayRecord) -> None:
+        """Build the server state from the initial arrays, once the clients are known."""
+
+    def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, result: Result) -> dict:
+        """One round before evaluation; returns its metrics row (bytes-down, bytes-up, sampled,
+        missing, train-loss) and records train metrics and arrays in ``result``."""
+        raise NotImplementedError
+
+    def evaluate_arrays(self, server_round: int, ids: list[int]) -> Mapping[int, ArrayRecord]:
+        """Arrays sent to each of ``ids`` for evaluation (default: none; it evaluates its own)."""
+        return {cid: ArrayRecord() for cid in ids}
+
+    def global_arrays(self) -> ArrayRecord:
+        """The strategy's global model (what ``evaluate_fn`` gets), if it has one."""
+        return ArrayRecord()
+
+    def round_extras(self, server_round: int) -> dict:
+        """Method-specific entries for round ``server_round``'s row of metrics.json."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs (tensors, numbers, strings; loadable with weights_only)."""
+        return {**self.federation.state_dict(), **self.gate.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` after discovery found the clients again and :meth:`prepare` ran."""
+        self.federation.load_state_dict(state)
+        self.gate.load_state_dict(state)
+
+    def summary(self) -> None:
+        log(INFO, "%s: %d rounds, evaluation by %.0f%% of the clients every %d round(s)",
+            type(self).__name__, self.num_rounds, 100 * self.fraction_evaluate, self.evaluate_every)  # fmt: skip
+
+    # ---------------------------------------------------------- evaluation
+    def evaluates(self, server_round: int) -> bool:
+        return server_round % self.evaluate_every == 0 or server_round == self.num_rounds
+
+    def evaluation_sample(self, server_round: int) -> list[int]:
+        """Every client in the last round; else ``fraction_evaluate`` of them, by (seed, round)."""
+        if server_round == self.num_rounds:
+            return self.federation.ids
+        return self.federation.sample(self.fraction_evaluate, server_round, EVALUATE_SAMPLE)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        ids = self.evaluation_sample(server_round)
+        return self.federation.messages(ids, MessageType.EVALUATE, self.evaluate_arrays(server_round, ids), config)
+
+    def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
+        """Mean and sample-weighted accuracy, and every other metric the replies share weighted by samples."""
+        valid = self.gate.accept(replies, self.federation.client_of, None, MessageType.EVALUATE)
+        if not valid:
+            return None
+        self.eval_metrics = {r.client_id: r.metrics for r in valid}
+        n = np.array([r.num_examples for r in valid], dtype=np.float64)
+        shared = set.intersection(*(set(r.metrics) for r in valid)) - {"num-examples", "client-id"}
+        out = {}
+        for key in sorted(shared):
+            if all(isinstance(r.metrics[key], (int, float)) and not isinstance(r.metrics[key], bool) for r in valid):
+                out[key] = float((np.array([float(r.metrics[key]) for r in valid]) * n).sum() / n.sum())
+        if "accuracy" in shared:
+            acc = np.array([float(r.metrics["accuracy"]) for r in valid])
+            out["weighted-accuracy"] = out["accuracy"]
+            out["accuracy"] = float(acc.mean())
+        if "global-accuracy" in shared:  # test-mode 'both'
+            out["global-accuracy"] = float(np.mean([float(r.metrics["global-accuracy"]) for r in valid]))
+        return MetricRecord(out)
+
+    def evaluate_phase(self, grid: Grid, rnd: int, config: dict, result: Result) -> Phase:
+        """The round's evaluation (if it evaluates); the aggregate goes to ``result``."""
+        if not self.evaluates(rnd):
+            return Phase([], 0, 0, [])
+        self.federation.query_new_nodes(grid, self.round_timeout)  # e.g. a client that died in training and is back
+        msgs = self.configure_evaluate(rnd, self.global_arrays(), ConfigRecord(config), grid)
+        phase = self.federation.phase(grid, msgs, self.round_timeout)
+        ev = self.aggregate_evaluate(rnd, phase.replies)
+        if ev is not None:
+            result.evaluate_metrics_clientapp[rnd] = ev
+        return phase
+
+    # ------------------------------------------------------------ the loop
+    def connect(self, grid: Grid, initial_arrays: ArrayRecord | None = None, timeout: float | None = None) -> ArrayRecord:
+        """Find the clients, then build the server state from the initial arrays (the first
+        steps of :meth:`start`, for callers that drive rounds themselves); returns those arrays."""
+        initial_arrays = initial_arrays if initial_arrays is not None else self.initial_arrays
+        if initial_arrays is None:
+            raise ValueError(f"{type(self).__name__}.start() needs initial_arrays (the initial model)")
+        self.federation.discover(grid, timeout or self.round_timeout)
+        self.gate.reported[MessageType.TRAIN].update(self.federation.num_examples)
+        self.prepare(initial_arrays)
+        return initial_arrays
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> Result:
+        """Run the federation (see the module docstring); ``checkpoint`` continues a run after its round.
+
+        ``initial_arrays`` defaults to the arrays :meth:`from_settings` took from the model;
+        ``num_rounds`` to the run config's ``num-server-rounds`` (3 without one, as Flower's);
+        ``timeout`` overrides ``round_timeout``.
+        """
+        self.num_rounds = num_rounds or int(self.run_config.get("num-server-rounds", 3))
+        self.round_timeout = timeout or self.round_timeout
+        self.summary()
+        lineage = checkpoint.lineage if checkpoint else uuid.uuid4().hex
+        recorder = Recorder(self.results_dir, self.run_config, self.num_rounds, rounds=checkpoint.rounds if checkpoint else None)
+        started = time.time()
+        initial_arrays = self.connect(grid, initial_arrays)
+        result = Result(arrays=initial_arrays)
+        first = 1
+        if checkpoint is not None:
+            if (was := checkpoint.strategy["num-clients"]) != self.federation.num_clients:
+                why = f"the checkpoint has {was} clients, this federation {self.federation.num_clients}"
+                raise ConfigError([("resume-from", str(self.run_config.get("resume-from", "")), why)])
+            self.load_state_dict(checkpoint.strategy)
+            first = checkpoint.round + 1
+            log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
+        elif evaluate_fn is not None and (res := evaluate_fn(0, self.global_arrays() or initial_arrays)) is not None:
+            result.evaluate_metrics_serverapp[0] = res
+        timeline = {"serverapp-started": started, "clients-ready": time.time()}
+        recorder.extra.update({"num-clients": len(self.federation.node_of), "lineage": lineage, "timeline": timeline, "evaluation": self.evaluation})
+        if self.federation.classes:
+            recorder.extra["client-classes"] = {str(c): v for c, v in sorted(self.federation.classes.items())}
+        for rnd in range(first, self.num_rounds + 1):
+            t0 = time.perf_counter()
+            if rnd > first:  # a SuperNode that restarted comes back under a new node id
+                self.federation.query_new_nodes(grid, self.round_timeout)
+            self.gate.new_round()
+            config = {"server-round": rnd, "lineage": lineage}
+            row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
+            ev_phase = self.evaluate_phase(grid, rnd, {**config, **dict(evaluate_config or {})}, result)
+            row.update({"bytes-down": row["bytes-down"] + ev_phase.down, "bytes-up": row["bytes-up"] + ev_phase.up,
+                        "missing": sorted(set(row["missing"]) | set(ev_phase.missing))})  # fmt: skip
+            if evaluate_fn is not None and (res := evaluate_fn(rnd, self.global_arrays())) is not None:
+                result.evaluate_metrics_serverapp[rnd] = res
+                row["server-evaluation"] = dict(res)
+            recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0))
+            if recorder.dir is not None:
+                save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, self.run_config, self.state_dict(), recorder.rounds))
+        recorder.finish()
+        return result
+
+    def _row(self, rnd: int, row: dict, result: Result, seconds: float) -> dict:
+        evaluated = rnd in result.evaluate_metrics_clientapp
+        ev = result.evaluate_metrics_clientapp.get(rnd) or {}
+        metrics = {k: ev.get(k) for k in ("accuracy", "weighted-accuracy", "loss", "top5-accuracy", "ece", "mce")}
+        return {
+            "round": rnd,
+            **metrics,
+            **row,
+            "wall-seconds": seconds,
+            "rejected": dict(self.gate.rejected),
+            **({"evaluated": len(self.eval_metrics)} if evaluated else {"evaluated": 0}),
+            **({"per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items()) if "accuracy" in m}} if evaluated else {}),
+            **({"global-accuracy": ev["global-accuracy"]} if "global-accuracy" in ev else {}),
+            **self.round_extras(rnd),
+        }
+
+
+class TrainRounds(PflStrategy):
+    """Rounds of training, aggregation, evaluation: Flower's ``configure_train`` / ``aggregate_train``.
+
+    A subclass says what each sampled client is sent (:meth:`train_arrays`, for all of them at
+    once), which arrays a reply must carry (:meth:`upload_spec_for`), what a client started
+    from (:meth:`update_reference`, for ``max-update-norm``) and how valid replies update the
+    server state (:meth:`aggregate`). Every reply passes the gate first.
+    """
+
+    def __init__(self, *, fraction_train: float = 1.0, **common):
+        super().__init__(**common)
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train={fraction_train} must be in (0, 1]")
+        self.fraction_train = fraction_train
+        self.upload_spec: dict[str, ArraySpec] = {}
+
+    @staticmethod
+    def common_kwargs(settings: Settings) -> dict[str, Any]:
+        return {**PflStrategy.common_kwargs(settings), "fraction_train": settings.fraction_train}
+
+    def prepare(self, initial_arrays: ArrayRecord) -> None:
+        """The arrays a training reply carries: those of the initial model."""
+        from pflower.records import from_record
+
+        self.upload_spec = {k: ArraySpec.of(v) for k, v in from_record(initial_arrays).items()}
+
+    # -------------------------------------------------------------- hooks
+    def train_arrays(self, server_round: int, ids: list[int]) -> Mapping[int, ArrayRecord]:
+        """Arrays sent to each sampled client for training."""
+        raise NotImplementedError
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        """Update server state from the round's valid training replies."""
+        raise NotImplementedError
+
+    def upload_spec_for(self, server_round: int) -> Mapping[str, ArraySpec]:
+        """The arrays a training reply of ``server_round`` must carry (default: every upload key)."""
+        return self.upload_spec
+
+    def update_reference(self, client_id: int) -> Mapping | None:
+        """What ``client_id`` started training from this round (for ``max-update-norm``); None: no bound."""
+        return None
+
+    # ---------------------------------------------------- Flower Strategy API
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        ids = self.federation.sample(self.fraction_train, server_round)
+        return self.federation.messages(ids, MessageType.TRAIN, self.train_arrays(server_round, ids), config)
+
+    def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid = self.gate.accept(replies, self.federation.client_of, self.upload_spec_for(server_round), MessageType.TRAIN, self.update_reference)
+        if valid:
+            self.aggregate(server_round, valid)
+        n = sum(r.num_examples for r in valid)
+        loss = sum(float(r.metrics.get("train-loss", 0.0)) * r.num_examples for r in valid) / max(n, 1)
+        return self.global_arrays(), MetricRecord({"train-loss": loss, "replies": len(valid)})
+
+    def _failure(self, rnd: int, sampled: int, n_valid: int, silent: list[int]) -> str:
+        why = [*self.gate.problems, *(f"client {c}: no reply within round-timeout={self.round_timeout:g} s" for c in silent)]
+        shown = "; ".join(why[:5]) + (f"; and {len(why) - 5} more" if len(why) > 5 else "")
+        return f"round {rnd}: {n_valid} valid training replies of {sampled} sampled clients, fewer than min-replies={self.min_replies}: {shown or 'no replies'}"
+
+    def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, result: Result) -> dict:
+        """Train the sampled clients and aggregate their valid replies."""
+        msgs = self.configure_train(rnd, self.global_arrays(), ConfigRecord({**config, **train_config}), grid)
+        sampled = len(msgs)
+        phase = self.federation.phase(grid, msgs, self.round_timeout)
+        del msgs  # sent: free them before aggregation
+        arrays, train_metrics = self.aggregate_train(rnd, phase.replies)
+        if train_metrics["replies"] < self.min_replies:
+            raise RoundFailedError(self._failure(rnd, sampled, int(train_metrics["replies"]), phase.missing))
+        result.train_metrics_clientapp[rnd] = train_metrics
+        result.arrays = arrays or result.arrays
+        return {"train-loss": train_metrics["train-loss"], "bytes-down": phase.down, "bytes-up": phase.up,
+                "sampled": sampled, "missing": phase.missing}  # fmt: skip
