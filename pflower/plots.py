@@ -133,9 +133,9 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
     """Every figure one run's metrics support: accuracy per round, pFedLA's weights, SuPerFed's lambda
     curve, FedeRiCo's collaboration weights."""
     cfg, rounds = doc["config"], doc["rounds"]
-    name = cfg["method"]
+    name = cfg.get("method") or doc.get("strategy", "run")
     drawn = [directory / "accuracy.png"]
-    plot_accuracy(rounds, drawn[0], title=f"{name} on {cfg['dataset']}")
+    plot_accuracy(rounds, drawn[0], title=f"{name} on {cfg['dataset']}" if "dataset" in cfg else name)
     with_alpha = [r for r in rounds if "alpha" in r]
     if with_alpha:
         last = with_alpha[-1]

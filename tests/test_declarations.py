@@ -36,3 +36,7 @@ def test_readme_key_table_lists_every_methods_keys_with_its_default():
         for key, field in m.params.model_fields.items():
             default = f"`{field.default}`" if isinstance(field.default, str) else repr(field.default)
             assert f"| `{name}.{field.alias or key}` | {default} | {field.description} |" in README, (name, key)
+
+
+def test_readme_shows_the_example_serverapp_as_it_is():
+    assert (ROOT / "examples" / "quickstart" / "server_app.py").read_text() in README

@@ -9,6 +9,7 @@ from flwr.app import Array, ArrayRecord, MessageType
 from flwr.app import RecordDict
 
 from conftest import run_config
+from pflower.records import from_record, to_record
 from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, track
 from pflower.config import load_settings
 from pflower.methods import build_strategy
@@ -214,3 +215,58 @@ def test_a_client_that_drops_out_leaves_every_view_and_the_rounds_go_on(grid_fac
     assert all(sorted(r["per-client-accuracy"]) == ["0", "1", "2", "3", "4"] for r in rounds[1:])
     views = {c.node_config["partition-id"]: list(c.state["federico"]["view-ids"]) for n, c in grid.contexts.items() if n != 105}
     assert all(5 not in v and len(v) > 0 for v in views.values()), views
+
+
+def test_relayed_nan_wrong_shapes_and_malformed_shuffles_are_refused_counted_and_never_forwarded(grid_factory, tmp_path):
+    """Client 1 serves a NaN model, client 2 sends updates of the wrong shape, client 3 plans
+    with a shuffle of unknown ids, client 4 answers shuffles with negative ages: each is
+    refused under its reason, counted per round, reaches no client, and the run finishes."""
+    from collections import Counter
+
+    from pflower.overlay.peer_sampling import buffer_problem
+
+    cfg = run_config(method="federico", num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    spec = {k: tuple(v.shape) for k, v in from_record(strategy.initial_arrays).items()}
+    applied: dict[int, Counter] = {}
+
+    def tamper(cid, reply):
+        sent = grid.sent[-1].content.config_records.get("config")
+        if sent is None or reply.has_error():  # the identity query
+            return reply
+        rnd, phase, c = int(sent["server-round"]), sent.get("phase"), reply.content
+        count = applied.setdefault(rnd, Counter())
+        if phase == "serve" and cid == 1 and "model" in c.array_records:
+            c["model"] = ArrayRecord({k: Array(np.full(v.shape, np.nan, dtype=np.float32)) for k, v in from_record(c["model"]).items()})
+            count["non-finite"] += 1
+        if phase == "use" and cid == 2:
+            for name in list(c.array_records):
+                arrays = from_record(c[name])
+                first = next(iter(arrays))
+                c[name] = to_record({**arrays, first: arrays[first][..., :1]})
+                count["shape"] += 1
+        if phase == "plan" and cid == 3:
+            c["gossip"]["ids"] = [99]
+            count["malformed"] += 1
+        if phase == "serve" and cid == 4:
+            for name in [n for n in c.config_records if n.startswith("gossip-reply-")]:
+                c[name]["ages"] = [-1] * len(c[name]["ids"])
+                count["malformed"] += 1
+        return reply
+
+    grid = grid_factory(cfg, 5, tamper=tamper)
+    strategy.start(grid=grid)
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["round"] for r in doc["rounds"]] == [1, 2, 3] and all(r["accuracy"] is not None for r in doc["rounds"])
+    assert all(applied[r]["non-finite"] + applied[r]["shape"] > 0 for r in (1, 2, 3))  # the corruptions happened
+    assert [dict(r["rejected"]) for r in doc["rounds"]] == [dict(applied[r]) for r in (1, 2, 3)]
+    for msg in grid.sent:  # no client ever received any of it
+        for name, record in msg.content.array_records.items():
+            if not len(record):
+                continue  # evaluation's empty arrays
+            arrays = from_record(record)
+            assert {k: tuple(v.shape) for k, v in arrays.items()} == spec, name
+            assert all(torch.isfinite(v).all() for v in arrays.values()), name
+        for name, record in msg.content.config_records.items():
+            if name.startswith("gossip"):
+                assert buffer_problem(record["ids"], record["ages"], 5, 4) is None, name

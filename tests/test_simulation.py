@@ -72,3 +72,36 @@ def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path):
     assert "run config key 'heurpfedla.top-k' = 9 is not allowed: must be <= 4 (layers of the model)" in log
     assert "Traceback" not in log
     assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("strategy", ["pfedla", "fedavg"])
+def test_a_users_serverapp_runs_pflower_strategies_with_a_quickstart_clientapp(superlink, tmp_path, strategy):
+    """examples/quickstart (the README's ServerApp): PFedLA and FedAvg built with keyword arguments,
+    against a ClientApp with no pflower code and no query handler, on Flower's simulation engine.
+    initial_arrays reach evaluate_fn before round 1 and every client in round 1; evaluate_fn runs
+    after every round; pFedLA evaluates every 2nd round with half the clients, and all in the last."""
+    import importlib.util
+
+    import torch
+
+    from conftest import ROOT
+
+    app = ROOT / "examples" / "quickstart"
+    _, status, log = _run(superlink, f"strategy='{strategy}' num-server-rounds=3 results-dir='{tmp_path}'", clients=4, app=app)
+    assert status == "finished:completed", log
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    spec = importlib.util.spec_from_file_location("quickstart_client_app", app / "client_app.py")
+    client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client)
+    torch.manual_seed(42)
+    norm = float(torch.cat([p.detach().flatten() for p in client.Net().parameters()]).norm())
+    rounds = doc["rounds"]
+    assert doc["initial-server-evaluation"]["norm"] == pytest.approx(norm)
+    assert rounds[0]["train-metrics"]["received-norm"] == pytest.approx(norm, rel=1e-6)
+    assert all("norm" in r["server-evaluation"] for r in rounds) and doc["num-clients"] == 4
+    if strategy == "pfedla":
+        assert [r["evaluated"] for r in rounds] == [0, 2, 4] and rounds[0]["accuracy"] is None
+        assert len(rounds[-1]["alpha"]) == 4 and rounds[-1]["sampled"] == 4
+    else:
+        assert [r["evaluated"] for r in rounds] == [4, 4, 4] and all(r["sampled"] == 3 for r in rounds)
+    assert rounds[-1]["accuracy"] > 0.4

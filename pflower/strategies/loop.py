@@ -44,8 +44,17 @@ class RoundFailedError(RuntimeError):
     """A round got fewer valid training replies than ``min_replies``; the message says why."""
 
 
-#: Metrics averaged over clients by test samples; accuracy is also averaged unweighted.
-WEIGHTED_METRICS = ("loss", "top5-accuracy", "ece", "mce")
+def weighted_metrics(replies: list[Reply]) -> dict[str, float]:
+    """Every number all ``replies`` report (but num-examples and client-id), averaged weighted by
+    their num-examples, as Flower's strategies aggregate metrics."""
+    n = np.array([r.num_examples for r in replies], dtype=np.float64)
+    shared = set.intersection(*(set(r.metrics) for r in replies)) - {"num-examples", "client-id"} if replies else set()
+    out = {}
+    for key in sorted(shared):
+        values = [r.metrics[key] for r in replies]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = float((np.array(values, dtype=np.float64) * n).sum() / n.sum())
+    return out
 
 
 class PflStrategy(Strategy):
@@ -154,12 +163,8 @@ class PflStrategy(Strategy):
         if not valid:
             return None
         self.eval_metrics = {r.client_id: r.metrics for r in valid}
-        n = np.array([r.num_examples for r in valid], dtype=np.float64)
-        shared = set.intersection(*(set(r.metrics) for r in valid)) - {"num-examples", "client-id"}
-        out = {}
-        for key in sorted(shared):
-            if all(isinstance(r.metrics[key], (int, float)) and not isinstance(r.metrics[key], bool) for r in valid):
-                out[key] = float((np.array([float(r.metrics[key]) for r in valid]) * n).sum() / n.sum())
+        out = weighted_metrics(valid)
+        shared = set(out)
         if "accuracy" in shared:
             acc = np.array([float(r.metrics["accuracy"]) for r in valid])
             out["weighted-accuracy"] = out["accuracy"]
@@ -227,8 +232,10 @@ class PflStrategy(Strategy):
             log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
         elif evaluate_fn is not None and (res := evaluate_fn(0, self.global_arrays() or initial_arrays)) is not None:
             result.evaluate_metrics_serverapp[0] = res
+            recorder.extra["initial-server-evaluation"] = dict(res)
         timeline = {"serverapp-started": started, "clients-ready": time.time()}
-        recorder.extra.update({"num-clients": len(self.federation.node_of), "lineage": lineage, "timeline": timeline, "evaluation": self.evaluation})
+        recorder.extra.update({"strategy": type(self).__name__, "num-clients": len(self.federation.node_of), "lineage": lineage,
+                               "timeline": timeline, "evaluation": self.evaluation})  # fmt: skip
         if self.federation.classes:
             recorder.extra["client-classes"] = {str(c): v for c, v in sorted(self.federation.classes.items())}
         for rnd in range(first, self.num_rounds + 1):
@@ -319,9 +326,7 @@ class TrainRounds(PflStrategy):
         valid = self.gate.accept(replies, self.federation.client_of, self.upload_spec_for(server_round), MessageType.TRAIN, self.update_reference)
         if valid:
             self.aggregate(server_round, valid)
-        n = sum(r.num_examples for r in valid)
-        loss = sum(float(r.metrics.get("train-loss", 0.0)) * r.num_examples for r in valid) / max(n, 1)
-        return self.global_arrays(), MetricRecord({"train-loss": loss, "replies": len(valid)})
+        return self.global_arrays(), MetricRecord({**weighted_metrics(valid), "replies": len(valid)})
 
     def _failure(self, rnd: int, sampled: int, n_valid: int, silent: list[int]) -> str:
         why = [*self.gate.problems, *(f"client {c}: no reply within round-timeout={self.round_timeout:g} s" for c in silent)]
@@ -339,5 +344,6 @@ class TrainRounds(PflStrategy):
             raise RoundFailedError(self._failure(rnd, sampled, int(train_metrics["replies"]), phase.missing))
         result.train_metrics_clientapp[rnd] = train_metrics
         result.arrays = arrays or result.arrays
-        return {"train-loss": train_metrics["train-loss"], "bytes-down": phase.down, "bytes-up": phase.up,
-                "sampled": sampled, "missing": phase.missing}  # fmt: skip
+        others = {k: v for k, v in train_metrics.items() if k not in ("train-loss", "replies")}
+        return {"train-loss": train_metrics.get("train-loss"), "bytes-down": phase.down, "bytes-up": phase.up,
+                "sampled": sampled, "missing": phase.missing, **({"train-metrics": others} if others else {})}  # fmt: skip

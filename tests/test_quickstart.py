@@ -1,0 +1,53 @@
+"""pflower's strategies built with keyword arguments, against the quickstart-style ClientApp of
+examples/quickstart (no pflower code, no query handler), in process. The same app runs on
+Flower's simulation engine in test_simulation.py."""
+
+import importlib.util
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+
+from conftest import ROOT, InProcessGrid
+from pflower.records import from_record
+from pflower.strategies import FedAvg, PFedLA, SuperFed
+
+spec = importlib.util.spec_from_file_location("quickstart_client_app", ROOT / "examples" / "quickstart" / "client_app.py")
+client = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(client)
+
+
+def _initial() -> ArrayRecord:
+    torch.manual_seed(42)
+    return ArrayRecord(client.Net().state_dict())
+
+
+@pytest.mark.parametrize("strategy", [FedAvg(), FedAvg(aggregation="median"), PFedLA(), PFedLA(top_k=1), SuperFed()],
+                         ids=["fedavg", "fedavg-median", "pfedla", "heurpfedla", "superfed"])  # fmt: skip
+def test_every_strategy_runs_with_a_stateless_quickstart_client(strategy):
+    result = strategy.start(grid=InProcessGrid(client.app, {}, 4), initial_arrays=_initial(), num_rounds=2)
+    assert sorted(result.evaluate_metrics_clientapp) == [1, 2] and strategy.federation.stateless == {0, 1, 2, 3}
+    assert all(0 <= m["accuracy"] <= 1 for m in result.evaluate_metrics_clientapp.values())
+    assert not strategy.gate.rejected
+
+
+def test_heurpfedla_sends_a_stateless_client_its_own_retained_layers():
+    """A quickstart client keeps nothing: its retained layer travels (its own model's), with its
+    BatchNorm statistics as it last uploaded them."""
+    strategy = PFedLA(top_k=1)
+    grid = InProcessGrid(client.app, {}, 3)
+    strategy.connect(grid, _initial())
+    for rnd in (1, 2):
+        msgs = strategy.configure_train(rnd, ArrayRecord(), ConfigRecord({"server-round": rnd}), grid)
+        for msg in msgs:
+            cid = strategy.federation.client_of[msg.metadata.dst_node_id]
+            sent = from_record(msg.content["arrays"])
+            assert set(sent) == set(from_record(_initial()))  # everything a stateless client loads
+            own = strategy.spec.unflatten(strategy.theta[cid])
+            for l, layer in enumerate(strategy.layers):
+                if strategy.retained_in_training[cid][l]:
+                    assert all(torch.equal(sent[k], own[k]) for k in layer.keys)
+            if rnd == 2:
+                assert torch.equal(sent["norm.running_mean"], strategy.extras[cid]["norm.running_mean"])
+        strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
+    assert strategy.extras and not torch.equal(strategy.extras[0]["norm.running_mean"], torch.zeros(16))
