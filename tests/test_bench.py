@@ -39,6 +39,7 @@ def test_ordering_sentence():
     assert ordering_sentence(rows, ["a"]) == ""
 
 
+@pytest.mark.e2e
 def test_a_suite_runs_on_flower_resumes_and_writes_its_tables(tmp_path, capsys):
     suite_file = tmp_path / "suites.toml"
     suite_file.write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', '{ label'))

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, faulty_app, run_config
 from pflower.deploy import Deployment, node_key
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")]
 #: The deployment tests share one worker and one deployment; the crash test has a deployment and
 #: a worker of its own, so its minute of waiting for heartbeats to lapse overlaps the others.
 DEPLOYMENT = pytest.mark.xdist_group("deployment")

@@ -8,7 +8,7 @@ from conftest import InProcessGrid, faulty_app, load_app, run_config, run_on_flo
 from pflower.config import load_settings
 from pflower.methods import build_strategy
 
-pytestmark = pytest.mark.xdist_group("simulation-faults")
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("simulation-faults")]
 
 
 def test_resume_on_flower_continues_exactly(superlink, tmp_path, grid_factory):

@@ -8,6 +8,8 @@ import sys
 import time
 import zipfile
 
+import pytest
+
 from conftest import ROOT, faulty_app
 
 
@@ -28,6 +30,7 @@ def test_staged_app_bundles_the_same_fab(tmp_path):
         assert module in original and copy == original
 
 
+@pytest.mark.e2e
 def test_ray_head_is_found_by_ray_init_and_leaves_no_process(tmp_path):
     from pflower.launcher import flower_env
     from pflower.ray_head import address_file, ray_head
@@ -48,6 +51,7 @@ def test_ray_head_is_found_by_ray_init_and_leaves_no_process(tmp_path):
     assert left == []
 
 
+@pytest.mark.e2e
 def test_user_ray_address_wins(tmp_path):
     from pflower.ray_head import ray_head
 
@@ -72,6 +76,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_every_process_pflower_sim_started(tmp_path):
     home = tmp_path / "home"
     cmd = [os.path.join(os.path.dirname(sys.executable), "pflower-sim"), "--num-clients", "2", "--flwr-home", str(home),

@@ -7,7 +7,7 @@ import pytest
 from conftest import representatives, run_on_flower as _run
 from pflower.bench import run_config_string
 
-pytestmark = pytest.mark.xdist_group("simulation")
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("simulation")]
 
 # One run per distinct server on real Flower (conftest.representatives: the first method of
 # each strategy with its declared example: the double head with gradual sharing for FedAvg's

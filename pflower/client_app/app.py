@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from torch import nn
 
-from pflower.client_app.base import ClientMethod
+from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
@@ -35,7 +35,6 @@ from pflower.records import check_state, from_record, to_record
 from pflower.sharing import GradualSharing
 from pflower.training import device
 
-PERSONAL = "personal"
 
 app = ClientApp()
 
@@ -203,10 +202,11 @@ def train(msg: Message, context: Context) -> Message:
     model = rt.personal_model(context, msg)
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
+    extra = rt.method.before_fit(model, rt.train, msg.content, _round(msg))
     loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)), _round(msg))
     rt.save(context, msg)
     state = model.state_dict()
-    metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id})
+    metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id, **extra})
     content = RecordDict({"arrays": to_record(state, rt.sharing.keys(_round(msg))), "metrics": metrics})
     return Message(content, reply_to=msg)
 

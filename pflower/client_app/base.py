@@ -15,6 +15,10 @@ from pflower.models import communicable_keys
 from pflower.training import LossFn, cross_entropy, evaluate, train
 
 
+#: The record of ``context.state`` that holds a client's whole personal model.
+PERSONAL = "personal"
+
+
 class ClientMethod:
     """FedAvg's client: train every parameter on the local data, upload every float tensor.
 
@@ -45,6 +49,11 @@ class ClientMethod:
         """The personal state of a client that has not trained yet (default: the common init)."""
         return model.state_dict()
 
+    def before_fit(self, model: nn.Module, data: Split, incoming: RecordDict, server_round: int) -> dict:
+        """Use what a training message carries besides its arrays (FedFomo: other clients'
+        models) before :meth:`fit`; returns extra reply metrics (default: none)."""
+        return {}
+
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         """Train ``model`` (already holding the received arrays) in place; return the mean loss."""
         return self._train(model, data, seed, epochs=self.settings.local_epochs)
@@ -72,14 +81,18 @@ class ClientMethod:
         """Extra evaluation-reply metrics from the personal state (default: none)."""
         return {}
 
-    def _train(self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy) -> float:
+    def _train(
+        self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy,
+        lr: float | None = None, batch_size: int | None = None,
+    ) -> float:  # fmt: skip
+        """The one training loop with the run's optimizer settings (``lr``, ``batch_size``: another value)."""
         s = self.settings
         return train(
             model,
             data,
             epochs=epochs,
-            batch_size=s.batch_size,
-            lr=s.lr,
+            batch_size=batch_size or s.batch_size,
+            lr=lr or s.lr,
             momentum=s.momentum,
             optimizer=s.optimizer,
             weight_decay=s.weight_decay,

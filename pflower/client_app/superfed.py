@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets import Split, holdout
 from pflower.methods.superfed import POOLED_KEY
 from pflower.models import keys_under
 from pflower.models.mixing import LAMBDA_GRID, MixedModel, cosine_squared
@@ -46,14 +46,6 @@ def choose_lambda(val_loss: Sequence[float], pooled: Sequence[float] | None = No
             raise ValueError(f"{POOLED_KEY} has {len(pooled)} values; the lambda grid has {len(score)}")
         score = score + np.asarray(pooled, dtype=np.float64)
     return int(np.argmin(score))
-
-
-def holdout(data: Split, fraction: float, seed: int) -> tuple[Split, Split]:
-    """(train, validation): a fixed random ``fraction`` of ``data`` held out."""
-    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(data)))
-    k = max(1, int(round(fraction * len(data))))
-    tr, va = order[k:], order[:k]
-    return Split(data.x[tr], data.y[tr]), Split(data.x[va], data.y[va])
 
 
 class SuperFedClient(ClientMethod):

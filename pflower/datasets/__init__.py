@@ -1,6 +1,6 @@
 """Data: sources (local files only), partitions, and each client's train/test split."""
 
-from pflower.datasets.federated import Split, client_data, federated_indices, global_test, pool_for
+from pflower.datasets.federated import Split, client_data, federated_indices, global_test, holdout, pool_for
 from pflower.datasets.partition import PartitionError
 from pflower.datasets.sources import DataError, Pool
 
@@ -12,5 +12,6 @@ __all__ = [
     "client_data",
     "federated_indices",
     "global_test",
+    "holdout",
     "pool_for",
 ]

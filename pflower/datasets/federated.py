@@ -78,6 +78,15 @@ def federated_indices(settings: Settings, num_clients: int) -> FederatedIndices:
     return FederatedIndices(tuple(train), tuple(test), groups)
 
 
+def holdout(data: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """(train, validation): a fixed random ``fraction`` of ``data`` held out (SuPerFed's choice of
+    lambda, FedFomo's weights)."""
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(data)))
+    k = max(1, int(round(fraction * len(data))))
+    tr, va = order[k:], order[:k]
+    return Split(data.x[tr], data.y[tr]), Split(data.x[va], data.y[va])
+
+
 def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[Split, Split]:
     """(train, test) samples of one client; ``label-noise`` flips training labels only."""
     if not 0 <= client_id < num_clients:

@@ -52,6 +52,12 @@ class MixedModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.fed, {**self.mixed_parameters(), **dict(self.fed.named_buffers())}, (x,))
 
+    def at(self, x: torch.Tensor, lam: float) -> torch.Tensor:
+        """The network at one lambda for every layer, without touching the ``lam`` buffer."""
+        fed, loc = dict(self.fed.named_parameters()), dict(self.local.named_parameters())
+        mixed = {k: loc[k] if lam == 1.0 else fed[k] if lam == 0.0 else (1 - lam) * fed[k] + lam * loc[k] for k in fed}
+        return functional_call(self.fed, {**mixed, **dict(self.fed.named_buffers())}, (x,))
+
 
 def cosine_squared(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], eps: float = 1e-12) -> torch.Tensor:
     """cos^2 between two weight sets, each taken as one vector over all its tensors."""
@@ -59,3 +65,21 @@ def cosine_squared(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], eps: fl
     na = torch.sqrt(sum(x.square().sum() for x in a))
     nb = torch.sqrt(sum(y.square().sum() for y in b))
     return (dot / (na * nb + eps)).square()
+
+
+class AtLambda(nn.Module):
+    """A :class:`MixedModel` at one fixed lambda, as a module: the prediction of methods that keep
+    a federated and a personal weight set (Ditto and pFedMe: 1, the personal one; APFL: its alpha)."""
+
+    def __init__(self, model: MixedModel, lam: float):
+        super().__init__()
+        self.model, self.lam = model, float(lam)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.at(x, self.lam)
+
+
+def with_alpha(model: MixedModel, alpha: float) -> MixedModel:
+    """``model`` with a learned mixing weight ``alpha`` (APFL), a parameter kept in its state."""
+    model.alpha = nn.Parameter(torch.tensor(float(alpha)))
+    return model

@@ -182,10 +182,13 @@ class Federation:
 
     def messages(
         self, ids: Iterable[int], kind: str, arrays: Mapping[int, ArrayRecord] | Callable[[int], ArrayRecord], config: ConfigRecord,
+        extras: Mapping[int, Mapping] | None = None,
     ) -> list[Message]:  # fmt: skip
-        """One message of type ``kind`` per client: its arrays and the config."""
+        """One message of type ``kind`` per client: its arrays, the config, and its ``extras`` records."""
         get = arrays if callable(arrays) else arrays.__getitem__
-        return [Message(RecordDict({"arrays": get(cid), "config": config}), dst_node_id=self.node_of[cid], message_type=kind) for cid in ids]
+        extras = extras or {}
+        return [Message(RecordDict({"arrays": get(cid), "config": config, **extras.get(cid, {})}), dst_node_id=self.node_of[cid],
+                        message_type=kind) for cid in ids]  # fmt: skip
 
     def phase(self, grid: Grid, messages: list[Message], timeout: float) -> Phase:
         """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on."""

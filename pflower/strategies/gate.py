@@ -62,11 +62,13 @@ class ReplyGate:
         spec: Mapping[str, ArraySpec] | None,
         kind: str = MessageType.TRAIN,
         reference: Callable[[int], Mapping[str, torch.Tensor] | None] | None = None,
+        check: Callable[[Reply], None] | None = None,
     ) -> list[Reply]:
         """The valid replies of one phase of ``kind``, by client id; every other one is rejected.
 
         ``spec``: the arrays a reply must carry (None: none are read); ``reference(client)``:
-        what the client started from, for the update-norm bound.
+        what the client started from, for the update-norm bound; ``check(reply)``: a method's own
+        rule for its reply's metrics (raises :class:`Rejected`).
         """
         valid: dict[int, Reply] = {}
         for msg in replies:
@@ -78,6 +80,8 @@ class ReplyGate:
                 if reply.client_id in valid:
                     raise Rejected("duplicate", "second reply in one phase")
                 self._bounds(reply, kind, spec, reference)
+                if check is not None:
+                    check(reply)
             except Rejected as err:
                 self.reject(expected, err)
                 continue

@@ -1,4 +1,8 @@
-"""pFedLA's server-side hypernetworks as plain tensors, one per client, stacked over clients.
+"""Server-side hypernetworks as plain tensors: pFedLA's (one per client, stacked over clients,
+producing aggregation weights) and pFedHN's :class:`ModelGenerator` (one shared network producing
+every client's whole model).
+
+pFedLA's hypernetworks:
 
 Client i's hypernetwork maps its embedding v_i (one shared table, one row per client) through
 an MLP of three ReLU layers to one head per model layer; head l gives alpha_i^l, a distribution
@@ -148,3 +152,69 @@ def hypernetwork_update(
     grads = torch.autograd.grad(bar, list(p.values()), grad_outputs=(bar.detach() - trained) * scale, allow_unused=True)
     hn.step(ids, {k: g for k, g in zip(p, grads) if g is not None}, lr)
     return bar.detach()
+
+
+@dataclass
+class ModelGenerator:
+    """pFedHN's hypernetwork: one MLP shared by all clients, from client i's embedding v_i to its
+    whole model (flat): Linear(e -> h), then ``n_hidden`` x (ReLU, Linear(h -> h)), then one
+    Linear(h -> P) head (the official code's one head per tensor, side by side). Initialized like
+    ``nn.Linear`` (uniform +-1/sqrt(fan_in)) and ``nn.Embedding`` (N(0, 1)); SGD with momentum and
+    weight decay, the embeddings of the clients at hand only.
+    """
+
+    params: dict[str, torch.Tensor]
+    velocity: dict[str, torch.Tensor]
+
+    @classmethod
+    def create(cls, num_clients: int, size: int, emb_dim: int, hidden: int, n_hidden: int, seed: int) -> "ModelGenerator":
+        g = torch.Generator().manual_seed(seed)
+
+        def linear(fan_in: int, fan_out: int) -> tuple[torch.Tensor, torch.Tensor]:
+            bound = fan_in**-0.5
+            return (torch.rand(fan_in, fan_out, generator=g) * 2 - 1) * bound, (torch.rand(fan_out, generator=g) * 2 - 1) * bound
+
+        params = {"emb": torch.randn(num_clients, emb_dim, generator=g)}
+        dims = [emb_dim] + [hidden] * (n_hidden + 1)
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            params[f"w{i}"], params[f"b{i}"] = linear(a, b)
+        params["head_w"], params["head_b"] = linear(hidden, size)
+        return cls(params, {k: torch.zeros_like(v) for k, v in params.items()})
+
+    @property
+    def depth(self) -> int:
+        return sum(1 for k in self.params if k.startswith("w"))
+
+    def generate(self, ids: torch.Tensor, p: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The models of clients ``ids``: [len(ids), P]. ``p``: parameters to use instead, their
+        ``emb`` already the rows of ``ids`` (leaf copies for autograd)."""
+        if p is None:
+            p, emb = self.params, self.params["emb"][ids]
+        else:
+            emb = p["emb"]
+        x = emb @ p["w0"] + p["b0"]
+        for i in range(1, self.depth):
+            x = F.relu(x) @ p[f"w{i}"] + p[f"b{i}"]
+        return x @ p["head_w"] + p["head_b"]
+
+    def step(self, ids: torch.Tensor, grads: dict[str, torch.Tensor], lr: float, momentum: float, weight_decay: float) -> None:
+        """SGD with momentum and weight decay (PyTorch's rule); the embedding rows of ``ids`` only."""
+        for name, g in grads.items():
+            rows = ids if name == "emb" else slice(None)
+            param, vel = self.params[name], self.velocity[name]
+            d = g + weight_decay * param[rows]
+            vel[rows] = momentum * vel[rows] + d if momentum else d
+            param[rows] -= lr * vel[rows]
+
+
+def generator_update(
+    gen: ModelGenerator, ids: torch.Tensor, trained: torch.Tensor, lr: float, momentum: float = 0.9, weight_decay: float = 1e-3
+) -> torch.Tensor:
+    """One step of pFedHN's hypernetwork toward the clients' trained models: grad_outputs =
+    generated - trained (-delta, as the official code), summed over the clients ``ids`` (each
+    client's contribution one step's worth). Returns the models generated before the step."""
+    p = {k: (v[ids] if k == "emb" else v).clone().requires_grad_(True) for k, v in gen.params.items()}
+    generated = gen.generate(ids, p)
+    grads = torch.autograd.grad(generated, list(p.values()), grad_outputs=generated.detach() - trained)
+    gen.step(ids, dict(zip(p, grads)), lr, momentum, weight_decay)
+    return generated.detach()

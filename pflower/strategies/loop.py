@@ -317,13 +317,20 @@ class TrainRounds(PflStrategy):
         """What ``client_id`` started training from this round (for ``max-update-norm``); None: no bound."""
         return None
 
+    def train_extras(self, server_round: int, ids: list[int]) -> Mapping[int, Mapping]:
+        """More records for each training message, by name (FedFomo: other clients' models)."""
+        return {}
+
+    def check_reply(self, reply: Reply) -> None:
+        """The method's own rule for a training reply's metrics; raise ``Rejected`` (default: none)."""
+
     # ---------------------------------------------------- Flower Strategy API
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
         ids = self.federation.sample(self.fraction_train, server_round)
-        return self.federation.messages(ids, MessageType.TRAIN, self.train_arrays(server_round, ids), config)
+        return self.federation.messages(ids, MessageType.TRAIN, self.train_arrays(server_round, ids), config, self.train_extras(server_round, ids))
 
     def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid = self.gate.accept(replies, self.federation.client_of, self.upload_spec_for(server_round), MessageType.TRAIN, self.update_reference)
+        valid = self.gate.accept(replies, self.federation.client_of, self.upload_spec_for(server_round), MessageType.TRAIN, self.update_reference, self.check_reply)
         if valid:
             self.aggregate(server_round, valid)
         return self.global_arrays(), MetricRecord({**weighted_metrics(valid), "replies": len(valid)})

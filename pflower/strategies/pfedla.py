@@ -21,7 +21,7 @@ has not seen: its next message carries every layer, so what it starts from is kn
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from logging import INFO
 
 import torch
@@ -29,46 +29,32 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 
 from pflower.config import ConfigError, Settings
-from pflower.models import Layer, layers
-from pflower.models.layers import layers_of_state
-from pflower.records import FlatSpec, from_record, to_record
+from pflower.models import layers
+from pflower.records import to_record
 from pflower.similarity import alpha_structure
-from pflower.strategies.loop import TrainRounds
+from pflower.strategies.personal import PersonalModels, chunks
 from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_spread, mix
 from pflower.strategies.validation import Reply
 
 #: Record alpha of every client in metrics.json up to this many clients (N x layers x N numbers).
 ALPHA_RECORD_LIMIT = 100
-#: Clients per vectorized step: a round's extra memory is a few models per chunk, not per client.
-CHUNK = 16
 
 
-def _chunks(items: Sequence) -> list[Sequence]:
-    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
-
-
-class PFedLA(TrainRounds):
+class PFedLA(PersonalModels):
     """pFedLA, HeurpFedLA with ``top_k`` > 0; see the module docstring.
 
     Keyword arguments: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``key_dim`` (the
-    hypernetworks), ``top_k``, ``layers`` (the model's layers; by default found from the
-    ``initial_arrays`` keys, a module's parameters being one layer), and :class:`TrainRounds`'.
-    With clients that keep no state (a ClientApp without a ``query`` handler), what they would
-    keep travels instead: their retained layers (their own copy) and the arrays that belong to
-    no layer (BatchNorm statistics, as they last uploaded them).
+    hypernetworks), ``top_k``, and :class:`~pflower.strategies.personal.PersonalModels`'
+    (``layers``). A client that keeps no state gets its retained layers (its own copy) in its
+    messages.
     """
 
     def __init__(
-        self, *, hn_lr: float = 0.05, embedding_dim: int = 100, hidden_dim: int = 100, key_dim: int = 100, top_k: int = 0,
-        layers: Sequence[Layer] | None = None, **kwargs,
+        self, *, hn_lr: float = 0.05, embedding_dim: int = 100, hidden_dim: int = 100, key_dim: int = 100, top_k: int = 0, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.hn_lr, self.embedding_dim, self.hidden_dim, self.key_dim, self.top_k = hn_lr, embedding_dim, hidden_dim, key_dim, top_k
-        self.layers = list(layers) if layers is not None else None
-        self.theta: torch.Tensor | None = None
         self.hn: HyperNetworks | None = None
-        self.extras: dict[int, dict[str, torch.Tensor]] = {}  # stateless clients' non-layer arrays
-        self._outgoing: dict[int, ArrayRecord] = {}
         self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
         self.unsynced: set[int] = set()  # trained, reply not accepted: own layers the server has not seen
 
@@ -85,21 +71,9 @@ class PFedLA(TrainRounds):
     def prepare(self, initial_arrays: ArrayRecord) -> None:
         """One model row and one hypernetwork per client, from the initial model."""
         super().prepare(initial_arrays)
-        state = from_record(initial_arrays)
-        self.layers = self.layers or layers_of_state(state)
         if self.top_k > len(self.layers):
             raise ValueError(f"top_k={self.top_k} must be <= {len(self.layers)} (layers of the model)")
-        self.spec = FlatSpec.of(state, [k for l in self.layers for k in l.keys])
-        self.segments = [(self.spec.slice(l.keys[0]).start, self.spec.slice(l.keys[-1]).stop) for l in self.layers]
-        self.extra_keys = [k for k in state if k not in self.spec.keys]
-        self.initial_extras = {k: state[k] for k in self.extra_keys}
-        n = self.federation.num_clients
-        self.theta = self.spec.flatten(state).repeat(n, 1)
-        self.hn = HyperNetworks.create(n, len(self.layers), self.embedding_dim, self.hidden_dim, self.key_dim, self.seed)
-
-    @property
-    def num_clients(self) -> int:
-        return self.federation.num_clients
+        self.hn = HyperNetworks.create(self.num_clients, len(self.layers), self.embedding_dim, self.hidden_dim, self.key_dim, self.seed)
 
     def retained_layers(self, alpha: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[S, L] bool: the ``top-k`` layers of highest self-weight alpha[s, l, ids[s]] (alpha [S, L, N])."""
@@ -114,21 +88,15 @@ class PFedLA(TrainRounds):
         client's retained layers ([L] bool). A client's record leaves out its retained layers,
         unless it keeps no state: then they carry its own model (and its non-layer arrays)."""
         records, retained = {}, {}
-        stateless = self.federation.stateless
         with torch.no_grad():
-            for part in _chunks(ids):
+            for part in chunks(ids):
                 idx = torch.tensor(part)
                 alpha = self.hn.alpha(idx)
                 mask = self.retained_layers(alpha, idx)
                 mask[[r for r, cid in enumerate(part) if cid in self.unsynced]] = False
                 bar = mix(keep_retained(alpha, idx, mask), self.theta, self.segments)
                 for r, cid in enumerate(part):
-                    state = self.spec.unflatten(bar[r])
-                    if cid in stateless:
-                        records[cid] = to_record({**state, **self.extras.get(cid, self.initial_extras)})
-                    else:
-                        keep = {k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys}
-                        records[cid] = to_record(state, [k for k in self.spec.keys if k not in keep])
+                    records[cid] = self.record(cid, bar[r], (k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys))
                     retained[cid] = mask[r]
         return records, retained
 
@@ -164,29 +132,22 @@ class PFedLA(TrainRounds):
         """Hypernetwork steps against the round's snapshot, then the new client models."""
         if self.hn_lr > 0:
             spread = layer_spread(self.theta, self.segments)
-            for part in _chunks(replies):
+            for part in chunks(replies):
                 ids = [r.client_id for r in part]
                 trained = self.spec.stack(r.arrays for r in part)
                 hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.hn_lr,
                                     retained=self._retained_mask(ids), spread=spread)  # fmt: skip
-        for part in _chunks(replies):
-            self.theta[torch.tensor([r.client_id for r in part])] = self.spec.stack(r.arrays for r in part)
-        for r in replies:
-            if r.client_id in self.federation.stateless and self.extra_keys:
-                self.extras[r.client_id] = {k: r.arrays[k] for k in self.extra_keys}
+        self.store(replies)
         self.unsynced -= {r.client_id for r in replies}
 
     def state_dict(self) -> dict:
         """Client models, hypernetworks with embeddings and keys (plain SGD keeps no optimizer state)."""
-        return {**super().state_dict(), "theta": self.theta, "hn": dict(self.hn.params), "hn-keys": self.hn.keys,
-                "unsynced": sorted(self.unsynced), "extras": {str(c): e for c, e in self.extras.items()}}  # fmt: skip
+        return {**super().state_dict(), "hn": dict(self.hn.params), "hn-keys": self.hn.keys, "unsynced": sorted(self.unsynced)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.theta = state["theta"].clone()
         self.hn = HyperNetworks({k: v.clone() for k, v in state["hn"].items()}, state["hn-keys"].clone())
         self.unsynced = set(state["unsynced"])
-        self.extras = {int(c): e for c, e in state["extras"].items()}
 
     def round_extras(self, server_round: int) -> dict:
         """The weights after this round (alpha[client][layer] = list over clients) and, where the

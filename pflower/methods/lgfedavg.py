@@ -1,0 +1,11 @@
+"""LG-FedAvg (Liang et al., 2020): local representations, a global head."""
+
+from pflower.methods.declaration import Method
+
+METHOD = Method(
+    name="lgfedavg",
+    summary="the body stays personal, the head is averaged (FedPer reversed)",
+    client="pflower.client_app.lgfedavg:LGFedAvgClient",
+    strategy="pflower.strategies.fedavg:FedAvg",
+    averages=True,
+)
