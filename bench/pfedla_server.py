@@ -100,7 +100,7 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
         build_strategy(load_settings(warm)).start(grid=StandInClients(2))
         cfg = {
             "method": "pfedla", "dataset": "mnist", "data-dir": str(MNIST), "num-server-rounds": rounds,
-            "fraction-train": fraction, "pfedla.hidden-dim": hidden, "pfedla.key-dim": key_dim, "results-dir": out,
+            "fraction-train": fraction, "fraction-evaluate": fraction, "pfedla.hidden-dim": hidden, "pfedla.key-dim": key_dim, "results-dir": out,
         }
         settings = load_settings(cfg)
         base = rss_bytes()

@@ -4,23 +4,31 @@ import json
 
 import pytest
 
-from conftest import representatives, run_on_flower as _run
+from conftest import run_on_flower as _run
 from pflower.bench import run_config_string
+from pflower.methods import declarations
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("simulation")]
+pytestmark = pytest.mark.e2e
+SIMULATION = pytest.mark.xdist_group("simulation")
+FAULTS = pytest.mark.xdist_group("simulation-faults")  # the shorter simulation worker takes these
 
-# One run per distinct server on real Flower (conftest.representatives: the first method of
-# each strategy with its declared example: the double head with gradual sharing for FedAvg's
-# server, FedeRiCo's relay, HeurpFedLA, Local, SuPerFed); pFedLA is also in
-# test_simulation_equals_in_process_run. The other client variants run the same glue and
-# are covered in process (tests/test_methods.py runs every method).
-METHOD_CONFIGS = {name: run_config_string(example) for name, example in representatives().items()}
+#: Not run again here: FedAvg's client variants whose difference is only local math (what they
+#: upload, their loss), run in process (tests/test_methods.py) on the same glue FedAvg runs here;
+#: pFedLA and HeurpFedLA, which run on Flower in test_simulation_equals_in_process_run, the fault
+#: tests and the deployment tests.
+IN_PROCESS_ONLY = {"fedavg-ft", "fedprox", "fedper", "fedrep", "fedbn", "pfedla", "heurpfedla"}
+
+#: Every other method on real Flower, 3 short rounds with its declared example config (the double
+#: head with gradual sharing, FedeRiCo on label groups, ...): its messages, records and metrics
+#: go through Flower's simulation engine. Learning itself is checked in process.
+METHOD_CONFIGS = {name: run_config_string(dict(m.example)) for name, m in declarations().items() if name not in IN_PROCESS_ONLY}
 
 
+@SIMULATION
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
 def test_every_method_runs_on_flower(superlink, tmp_path, method):
     results = tmp_path / method
-    config = f"method='{method}' num-server-rounds=3 local-epochs=2 results-dir='{results}' {METHOD_CONFIGS[method]}"
+    config = f"method='{method}' num-server-rounds=3 local-epochs=1 results-dir='{results}' {METHOD_CONFIGS[method]}"
     run_id, status, log = _run(superlink, config)
     assert status == "finished:completed", log
     doc = json.loads((results / "metrics.json").read_text())
@@ -31,11 +39,13 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["weighted-accuracy"] <= 1.0
         assert r["loss"] > 0 and r["wall-seconds"] > 0
         assert r["missing"] == [] and r["rejected"] == {}
-        assert (r["bytes-down"] > 0 and r["bytes-up"] > 0) == (method != "local")
-    assert rounds[-1]["accuracy"] > 0.3  # learned something in 3 rounds on digits
+        assert (r["bytes-up"] > 0) == (method != "local")
+    assert (sum(r["bytes-down"] for r in rounds) > 0) == (method != "local")  # FedFomo's round 1 sends nothing
     if method == "federico":  # the relay's four steps, and every client's collaboration weights
         assert all(set(r["relayed-bytes"]) == {"plan", "serve", "use", "update"} for r in rounds)
         assert sorted(rounds[-1]["collaboration-weights"]) == ["0", "1", "2"]
+    if method == "fedfomo":  # from round 2 each client got the others' models and weighed them
+        assert all(len(w) == 2 for w in rounds[-1]["fomo-weights"].values())
     if method == "doublehead":  # one more layer released each round, both test modes
         assert [r["phase"] for r in rounds] == [1, 2, 3]
         assert [r["bytes-up"] for r in rounds] == sorted({r["bytes-up"] for r in rounds})
@@ -45,6 +55,7 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
     assert "[round 3/3] accuracy" in log
 
 
+@SIMULATION
 def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     """Same seed, same numbers: Ray's worker placement and threads do not change the result."""
     from conftest import run_config
@@ -64,6 +75,7 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
         assert a["sampled"] == b["sampled"] == 2
 
 
+@FAULTS
 def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path):
     """A key the strategy refuses (after the schema accepted every value; the schema's own
     messages are in test_config) ends the Flower run as failed, with one line and no traceback."""
@@ -74,6 +86,7 @@ def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path):
     assert not (tmp_path / "metrics.json").exists()
 
 
+@FAULTS
 @pytest.mark.parametrize("strategy", ["pfedla", "fedavg"])
 def test_a_users_serverapp_runs_pflower_strategies_with_a_quickstart_clientapp(superlink, tmp_path, strategy):
     """examples/quickstart (the README's ServerApp): PFedLA and FedAvg built with keyword arguments,
