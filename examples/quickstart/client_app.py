@@ -48,7 +48,7 @@ def train(msg: Message, context: Context):
         loss = nn.functional.cross_entropy(model(x[i : i + 16]), y[i : i + 16])
         loss.backward()
         opt.step()
-    metrics = MetricRecord({"num-examples": len(y), "train-loss": float(loss), "received-norm": received})
+    metrics = MetricRecord({"num-examples": len(y), "train-loss": loss.item(), "received-norm": received})
     return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
 
 
