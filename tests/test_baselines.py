@@ -216,13 +216,14 @@ def test_fedfomo_server_picks_by_affinity_and_adds_the_reported_weights():
     strategy.trained = {0, 1, 2, 3}
     strategy.affinity[0] = torch.tensor([1.0, 0.2, 0.9, 0.5], dtype=torch.float64)
     assert strategy.choose(0, 1) == [2, 3]  # the two highest affinities, itself excluded
+    assert list(strategy.train_extras(1, [0])[0]) == ["fomo-model-2", "fomo-model-3"]
     reply = Reply(0, 10, {IDS: [2, 3], WEIGHTS: [0.5, -0.1]}, {"w.weight": torch.ones(2)})
     strategy.check_reply(reply)
     strategy.aggregate(1, [reply])
     assert strategy.affinity[0].tolist() == pytest.approx([1.0, 0.2, 1.4, 0.4])
     assert torch.equal(strategy.theta[0], torch.ones(2))
-    with pytest.raises(Rejected, match="must be client ids") as err:
-        strategy.check_reply(Reply(0, 10, {IDS: [9], WEIGHTS: [0.1]}, {}))
+    with pytest.raises(Rejected, match="must be the peers it was sent") as err:
+        strategy.check_reply(Reply(0, 10, {IDS: [1], WEIGHTS: [0.1]}, {}))  # client 1's model was not sent to it
     assert err.value.reason == "malformed"
     strategy.epsilon = 1.0  # exploring: random picks, still never itself
     picks = {tuple(strategy.choose(0, r)) for r in range(20)}
@@ -239,9 +240,33 @@ def test_pfedhn_step_moves_the_generated_model_toward_the_trained_one():
     trained = start + 0.1 * torch.randn(2, 10)
     untouched = gen.params["emb"][[0, 2]].clone()
     before = (start - trained).norm(dim=1)
-    used = generator_update(gen, ids, trained, lr=0.01, momentum=0.0, weight_decay=0.0)
+    (used,) = generator_update(gen, [(ids, trained)], lr=0.01, momentum=0.0, weight_decay=0.0)
     assert torch.equal(used, start)
     with torch.no_grad():
         after = (gen.generate(ids) - trained).norm(dim=1)
     assert (after < before).all()
     assert torch.equal(gen.params["emb"][[0, 2]], untouched)  # other clients' embeddings stay
+
+
+def test_pfedhn_takes_one_step_a_round_however_the_replies_are_chunked():
+    from pflower.strategies.hypernetwork import ModelGenerator, generator_update
+
+    ids = torch.arange(6)
+    trained = torch.randn(6, 10)
+    whole, split = ModelGenerator.create(6, 10, 3, 16, 2, seed=0), ModelGenerator.create(6, 10, 3, 16, 2, seed=0)
+    generator_update(whole, [(ids, trained)], lr=0.05)
+    generator_update(split, [(ids[:4], trained[:4]), (ids[4:], trained[4:])], lr=0.05)
+    assert all(torch.allclose(whole.params[k], split.params[k], atol=1e-6) for k in whole.params)
+    assert all(torch.allclose(whole.velocity[k], split.velocity[k], atol=1e-6) for k in whole.velocity)
+
+
+def test_a_personal_half_keeps_its_own_batchnorm_statistics():
+    """Ditto's and pFedMe's personal model (lambda 1) trains and predicts with its own BatchNorm
+    statistics; the federated half's, which are uploaded, stay as they were."""
+    from pflower.models.mixing import AtLambda
+
+    model = MixedModel(nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Linear(5, 3)))
+    fed_before = model.fed[1].running_mean.clone()
+    AtLambda(model, 1.0).train()(X * 3 + 1)
+    assert torch.equal(model.fed[1].running_mean, fed_before)
+    assert not torch.equal(model.local[1].running_mean, fed_before)

@@ -10,7 +10,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from conftest import ROOT, InProcessGrid
 from pflower.records import from_record
-from pflower.strategies import FedAvg, PFedLA, SuperFed
+from pflower.strategies import FedAvg, Local, PFedLA, SuperFed
+from pflower.strategies.fedfomo import FedFomo
+from pflower.strategies.federation import NoClientsError
 
 spec = importlib.util.spec_from_file_location("quickstart_client_app", ROOT / "examples" / "quickstart" / "client_app.py")
 client = importlib.util.module_from_spec(spec)
@@ -51,3 +53,22 @@ def test_heurpfedla_sends_a_stateless_client_its_own_retained_layers():
                 assert torch.equal(sent["norm.running_mean"], strategy.extras[cid]["norm.running_mean"])
         strategy.aggregate_train(rnd, grid.send_and_receive(msgs))
     assert strategy.extras and not torch.equal(strategy.extras[0]["norm.running_mean"], torch.zeros(16))
+
+
+@pytest.mark.parametrize("strategy", [Local(), FedFomo()], ids=["local", "fedfomo"])
+def test_a_method_that_needs_stateful_clients_refuses_a_quickstart_client_by_name(strategy):
+    with pytest.raises(NoClientsError, match=r"needs clients that keep their own model .* 4 node\(s\) have no query handler"):
+        strategy.start(grid=InProcessGrid(client.app, {}, 4), initial_arrays=_initial(), num_rounds=1)
+
+
+def test_a_restarted_stateless_node_takes_its_old_client_id():
+    """A node without a query handler that comes back under a new node id gets the id of the
+    stateless client whose node is gone, not a new one beyond the server's tables."""
+    strategy = PFedLA()
+    grid = InProcessGrid(client.app, {}, 3)
+    strategy.connect(grid, _initial())
+    old = strategy.federation.node_of[1]
+    grid.contexts[900] = grid.contexts.pop(old)  # the same client, a new node id
+    strategy.federation.query_new_nodes(grid, 5)
+    assert strategy.federation.node_of[1] == 900 and sorted(strategy.federation.node_of) == [0, 1, 2]
+    strategy.configure_train(1, ArrayRecord(), ConfigRecord({"server-round": 1}), grid)

@@ -53,9 +53,15 @@ class MixedModel(nn.Module):
         return functional_call(self.fed, {**self.mixed_parameters(), **dict(self.fed.named_buffers())}, (x,))
 
     def at(self, x: torch.Tensor, lam: float) -> torch.Tensor:
-        """The network at one lambda for every layer, without touching the ``lam`` buffer."""
+        """The network at one lambda for every layer, without touching the ``lam`` buffer. At 0 and
+        1 it is one half with its own buffers (a personal model keeps its BatchNorm statistics);
+        in between the weights mix and the federated half's statistics serve (as in :meth:`forward`)."""
+        if lam == 0.0:
+            return self.fed(x)
+        if lam == 1.0:
+            return self.local(x)
         fed, loc = dict(self.fed.named_parameters()), dict(self.local.named_parameters())
-        mixed = {k: loc[k] if lam == 1.0 else fed[k] if lam == 0.0 else (1 - lam) * fed[k] + lam * loc[k] for k in fed}
+        mixed = {k: (1 - lam) * fed[k] + lam * loc[k] for k in fed}
         return functional_call(self.fed, {**mixed, **dict(self.fed.named_buffers())}, (x,))
 
 

@@ -87,6 +87,7 @@ class Federation:
         self.classes: dict[int, list[int]] = {}  # the classes of its data, if it said
         self.stateless: set[int] = set()  # clients without a query handler (quickstart-style)
         self.num_clients = 0
+        self.fixed = False  # the server has allocated per-client state: no client id beyond num_clients
 
     @property
     def ids(self) -> list[int]:
@@ -130,7 +131,7 @@ class Federation:
             msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
             for reply in sorted(send_and_receive(grid, msgs, timeout), key=lambda r: r.metadata.src_node_id):
                 node = reply.metadata.src_node_id
-                why = self._register_stateless(node, len(nodes)) if self._no_handler(reply) else self._register(reply)
+                why = self._register_stateless(node, set(nodes)) if self._no_handler(reply) else self._register(reply)
                 if why is None:
                     failed.pop(node, None)
                 else:
@@ -162,13 +163,23 @@ class Federation:
         self.num_clients = max(self.num_clients, n_clients)
         return None
 
-    def _register_stateless(self, node: int, nodes: int) -> None:
-        """A node without a query handler: the smallest client id not taken."""
-        cid = next(i for i in range(len(self.node_of) + 1) if i not in self.node_of)
+    def _register_stateless(self, node: int, nodes: set[int]) -> str | None:
+        """A node without a query handler: the id of a stateless client whose node is gone (a
+        restarted node), else the smallest free id; refused once the ids are fixed and all taken."""
+        gone = [c for c in sorted(self.stateless) if self.node_of.get(c) not in nodes]
+        if gone:
+            cid = gone[0]
+            self.client_of.pop(self.node_of[cid], None)
+        elif self.fixed and len(self.node_of) >= self.num_clients:
+            log(WARNING, "Node %s has no query handler and all %d client ids are taken; it is left out", node, self.num_clients)
+            return f"no client id left for a node without a query handler (all {self.num_clients} taken)"
+        else:
+            cid = next(i for i in range(len(self.node_of) + 1) if i not in self.node_of)
         self.node_of[cid] = node
         self.client_of[node] = cid
         self.stateless.add(cid)
-        self.num_clients = max(self.num_clients, nodes)
+        if not self.fixed:
+            self.num_clients = max(self.num_clients, len(nodes))
         return None
 
     def sample(self, fraction: float, server_round: int, purpose: int = TRAIN_SAMPLE) -> list[int]:

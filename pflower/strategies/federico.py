@@ -42,6 +42,8 @@ RELAY = "train.relay"
 class FedericoRelay(PflStrategy):
     """The relay (see the module docstring); ``view_size`` bounds a shuffle buffer's length."""
 
+    STATEFUL_CLIENTS = True
+
     def __init__(self, *, view_size: int = 4, **kwargs):
         super().__init__(**kwargs)
         self.view_size = view_size
@@ -86,16 +88,21 @@ class FedericoRelay(PflStrategy):
         return why is None
 
     def _plan(self, client: int, content: RecordDict) -> tuple[list[int], list[int]] | None:
-        """(neighbours, partner) of a well-formed plan, else None (refused)."""
+        """(neighbours, partner) of a well-formed plan, else None (refused): two lists of distinct
+        clients of this federation other than itself, at most one partner."""
         plan = content.config_records.get(PLAN)
         if plan is None or GOSSIP not in content.config_records:
             self.gate.reject(client, Rejected("malformed", f"a plan needs the records '{PLAN}' and '{GOSSIP}'"), "plan")
             return None
         if not self._buffer(client, content[GOSSIP], "shuffle"):
             return None
-        wanted, partner = list(plan.get("neighbours", [])), list(plan.get("gossip-to", []))
-        if not all(self._client(j) and j != client for j in wanted + partner) or len(partner) > 1:
-            self.gate.reject(client, Rejected("malformed", f"plan names unknown clients or itself: {wanted} / {partner}"), "plan")
+        wanted, partner = plan.get("neighbours", []), plan.get("gossip-to", [])
+        well_formed = (
+            isinstance(wanted, list) and isinstance(partner, list) and len(partner) <= 1
+            and len(set(wanted)) == len(wanted) and all(self._client(j) and j != client for j in wanted + partner)
+        )  # fmt: skip
+        if not well_formed:
+            self.gate.reject(client, Rejected("malformed", f"plan must name distinct other clients of this federation: {wanted!r} / {partner!r}"), "plan")
             return None
         return [int(j) for j in wanted], [int(j) for j in partner]
 
@@ -124,7 +131,7 @@ class FedericoRelay(PflStrategy):
 
     # ----------------------------------------------------------- the round
     def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, result: Result) -> dict:
-        cfg = {**config, **train_config}
+        cfg = {**train_config, **config}  # the server's keys (round, lineage) win
         ids = self.federation.ids
         traffic: dict[str, tuple[int, int]] = {}  # step -> (bytes down, bytes up)
         missing: set[int] = set()
@@ -160,10 +167,12 @@ class FedericoRelay(PflStrategy):
         del served
 
         use = {i: RecordDict() for i in plans}
+        given: dict[int, set[int]] = {i: set() for i in plans}  # whose models each client got
         for i, ((wanted, partner), _) in sorted(plans.items()):
             for j in wanted:
                 if j in models:
                     use[i][model_of(j)] = models[j]
+                    given[i].add(j)
             for j in partner:
                 if (j, i) in replies:
                     use[i][GOSSIP_REPLY] = replies[(j, i)]
@@ -176,8 +185,8 @@ class FedericoRelay(PflStrategy):
             for name in content.array_records:
                 j = name.removeprefix("update-")
                 target = int(j) if j.isdigit() else None
-                if target not in update or name != update_for(target):
-                    self.gate.reject(i, Rejected("malformed", f"update '{name}' for no client of this round"), "update")
+                if target not in update or name != update_for(target) or target not in given.get(i, ()):
+                    self.gate.reject(i, Rejected("malformed", f"update '{name}' of a model it was not given this round"), "update")
                 elif self.gate.arrays(i, content[name], self.model_spec, f"update of client {target}'s model"):
                     update[target][update_from(i)] = content[name]
         del used

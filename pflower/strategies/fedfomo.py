@@ -26,12 +26,15 @@ from pflower.strategies.validation import Rejected, Reply
 class FedFomo(PersonalModels):
     """Keyword arguments ``m``, ``epsilon`` and :class:`~pflower.strategies.personal.PersonalModels`'."""
 
+    STATEFUL_CLIENTS = True  # its clients weigh the models they get against their own
+
     def __init__(self, *, m: int = 5, epsilon: float = 0.3, **kwargs):
         super().__init__(**kwargs)
         self.m, self.epsilon = m, epsilon
         self.affinity: torch.Tensor | None = None
         self.trained: set[int] = set()
         self.weights: dict[int, dict[int, float]] = {}  # this round's: client -> {peer: weight}
+        self.sent: dict[int, list[int]] = {}  # this round's: client -> the peers whose models it got
 
     @classmethod
     def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "FedFomo":
@@ -62,7 +65,7 @@ class FedFomo(PersonalModels):
         return {cid: ArrayRecord() for cid in ids}  # a client trains from its own model
 
     def train_extras(self, server_round: int, ids: list[int]) -> dict[int, dict]:
-        chosen = {cid: self.choose(cid, server_round) for cid in ids}
+        chosen = self.sent = {cid: self.choose(cid, server_round) for cid in ids}
         records = {j: to_record(self.spec.unflatten(self.theta[j])) for j in sorted({j for c in chosen.values() for j in c})}
         return {cid: {peer_model(j): records[j] for j in peers} for cid, peers in chosen.items()}
 
@@ -74,8 +77,8 @@ class FedFomo(PersonalModels):
         ids, weights = reply.metrics.get(IDS, []), reply.metrics.get(WEIGHTS, [])
         if not isinstance(ids, list) or not isinstance(weights, list) or len(ids) != len(weights):
             raise Rejected("malformed", f"'{IDS}' and '{WEIGHTS}' must be two lists of one length")
-        if not all(isinstance(j, int) and 0 <= j < self.num_clients for j in ids) or not all(np.isfinite(weights)):
-            raise Rejected("malformed", f"'{IDS}' must be client ids and '{WEIGHTS}' finite")
+        if sorted(ids) != self.sent.get(reply.client_id, []) or not all(np.isfinite(weights)):
+            raise Rejected("malformed", f"'{IDS}' must be the peers it was sent this round and '{WEIGHTS}' finite")
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         self.store(replies)

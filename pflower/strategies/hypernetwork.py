@@ -207,14 +207,30 @@ class ModelGenerator:
             param[rows] -= lr * vel[rows]
 
 
-def generator_update(
-    gen: ModelGenerator, ids: torch.Tensor, trained: torch.Tensor, lr: float, momentum: float = 0.9, weight_decay: float = 1e-3
-) -> torch.Tensor:
-    """One step of pFedHN's hypernetwork toward the clients' trained models: grad_outputs =
-    generated - trained (-delta, as the official code), summed over the clients ``ids`` (each
-    client's contribution one step's worth). Returns the models generated before the step."""
+def generator_grads(gen: ModelGenerator, ids: torch.Tensor, trained: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The gradient that moves pFedHN's generated models of clients ``ids`` toward their trained
+    models (grad_outputs = generated - trained: -delta, as the official code), summed over the
+    clients, and the models generated; ``emb``'s gradient has one row per client of ``ids``."""
     p = {k: (v[ids] if k == "emb" else v).clone().requires_grad_(True) for k, v in gen.params.items()}
     generated = gen.generate(ids, p)
     grads = torch.autograd.grad(generated, list(p.values()), grad_outputs=generated.detach() - trained)
-    gen.step(ids, dict(zip(p, grads)), lr, momentum, weight_decay)
-    return generated.detach()
+    return dict(zip(p, grads)), generated.detach()
+
+
+def generator_update(
+    gen: ModelGenerator, parts: list[tuple[torch.Tensor, torch.Tensor]], lr: float, momentum: float = 0.9, weight_decay: float = 1e-3
+) -> list[torch.Tensor]:
+    """One step of pFedHN's hypernetwork toward the trained models of every (ids, trained) chunk of
+    a round: each chunk's gradient against the same starting hypernetwork, summed (each client's
+    contribution one step's worth), then one step. Returns each chunk's models before the step."""
+    total: dict[str, torch.Tensor] = {}
+    emb_rows, used = [], []
+    for ids, trained in parts:
+        grads, generated = generator_grads(gen, ids, trained)
+        used.append(generated)
+        emb_rows.append(grads.pop("emb"))
+        for k, g in grads.items():
+            total[k] = total[k] + g if k in total else g
+    all_ids = torch.cat([ids for ids, _ in parts])
+    gen.step(all_ids, {"emb": torch.cat(emb_rows), **total}, lr, momentum, weight_decay)
+    return used

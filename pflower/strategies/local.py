@@ -9,6 +9,8 @@ from pflower.strategies.validation import Reply
 
 
 class Local(TrainRounds):
+    STATEFUL_CLIENTS = True
+
     def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
         return {cid: ArrayRecord() for cid in ids}
 

@@ -35,7 +35,7 @@ from pflower.checkpoint import Checkpoint, save_checkpoint
 from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import Recorder
-from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, Phase
+from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
 from pflower.strategies.gate import ReplyGate
 from pflower.strategies.validation import ArraySpec, Reply
 
@@ -58,7 +58,14 @@ def weighted_metrics(replies: list[Reply]) -> dict[str, float]:
 
 
 class PflStrategy(Strategy):
-    """The shared run loop; a subclass implements :meth:`run_round` (and :meth:`prepare`)."""
+    """The shared run loop; a subclass implements :meth:`run_round` (and :meth:`prepare`).
+
+    ``STATEFUL_CLIENTS``: the method needs clients that keep their own model between rounds
+    (pflower's ClientApp, which answers the identity query); others also work with ClientApps
+    that only train and evaluate what they are sent.
+    """
+
+    STATEFUL_CLIENTS = False
 
     def __init__(
         self,
@@ -123,7 +130,10 @@ class PflStrategy(Strategy):
         return {cid: ArrayRecord() for cid in ids}
 
     def global_arrays(self) -> ArrayRecord:
-        """The strategy's global model (what ``evaluate_fn`` gets), if it has one."""
+        """The strategy's global model (what ``evaluate_fn`` gets, before round 1 and after each):
+        FedAvg's average of the uploaded arrays, the clients' models averaged by samples for
+        servers that keep one per client, the mean generated model for pFedHN; empty for Local and
+        FedeRiCo, which keep no model on the server."""
         return ArrayRecord()
 
     def round_extras(self, server_round: int) -> dict:
@@ -193,8 +203,15 @@ class PflStrategy(Strategy):
         if initial_arrays is None:
             raise ValueError(f"{type(self).__name__}.start() needs initial_arrays (the initial model)")
         self.federation.discover(grid, timeout or self.round_timeout)
+        if self.STATEFUL_CLIENTS and self.federation.stateless:
+            nodes = sorted(self.federation.node_of[c] for c in self.federation.stateless)
+            raise NoClientsError(
+                f"{type(self).__name__} needs clients that keep their own model (pflower's ClientApp, which answers the "
+                f"identity query); {len(nodes)} node(s) have no query handler: {nodes[:5]}"
+            )
         self.gate.reported[MessageType.TRAIN].update(self.federation.num_examples)
         self.prepare(initial_arrays)
+        self.federation.fixed = True
         return initial_arrays
 
     def start(
@@ -230,7 +247,7 @@ class PflStrategy(Strategy):
             self.load_state_dict(checkpoint.strategy)
             first = checkpoint.round + 1
             log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
-        elif evaluate_fn is not None and (res := evaluate_fn(0, self.global_arrays() or initial_arrays)) is not None:
+        elif evaluate_fn is not None and (res := evaluate_fn(0, self.global_arrays())) is not None:
             result.evaluate_metrics_serverapp[0] = res
             recorder.extra["initial-server-evaluation"] = dict(res)
         timeline = {"serverapp-started": started, "clients-ready": time.time()}
@@ -245,7 +262,7 @@ class PflStrategy(Strategy):
             self.gate.new_round()
             config = {"server-round": rnd, "lineage": lineage}
             row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
-            ev_phase = self.evaluate_phase(grid, rnd, {**config, **dict(evaluate_config or {})}, result)
+            ev_phase = self.evaluate_phase(grid, rnd, {**dict(evaluate_config or {}), **config}, result)
             row.update({"bytes-down": row["bytes-down"] + ev_phase.down, "bytes-up": row["bytes-up"] + ev_phase.up,
                         "missing": sorted(set(row["missing"]) | set(ev_phase.missing))})  # fmt: skip
             if evaluate_fn is not None and (res := evaluate_fn(rnd, self.global_arrays())) is not None:
@@ -342,7 +359,7 @@ class TrainRounds(PflStrategy):
 
     def run_round(self, grid: Grid, rnd: int, config: dict, train_config: dict, result: Result) -> dict:
         """Train the sampled clients and aggregate their valid replies."""
-        msgs = self.configure_train(rnd, self.global_arrays(), ConfigRecord({**config, **train_config}), grid)
+        msgs = self.configure_train(rnd, self.global_arrays(), ConfigRecord({**train_config, **config}), grid)
         sampled = len(msgs)
         phase = self.federation.phase(grid, msgs, self.round_timeout)
         del msgs  # sent: free them before aggregation

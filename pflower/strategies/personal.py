@@ -5,7 +5,7 @@ model's layers as segments of one flat vector, the clients' models as rows of on
 A layer is a module's parameters (from the model, or found from the ``initial_arrays`` keys);
 arrays that belong to no layer (BatchNorm statistics) stay with the clients. A client that
 keeps no state (a ClientApp without a ``query`` handler) is sent them instead, as it last
-uploaded them, with every layer.
+uploaded them, with every layer (pFedLA, pFedHN; FedFomo needs clients that keep their model).
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ class PersonalModels(TrainRounds):
         for r in replies:
             if r.client_id in self.federation.stateless and self.extra_keys:
                 self.extras[r.client_id] = {k: r.arrays[k] for k in self.extra_keys}
+
+    def global_arrays(self) -> ArrayRecord:
+        """The clients' models averaged by their samples (what ``evaluate_fn`` evaluates)."""
+        if self.theta is None:
+            return ArrayRecord()
+        n = torch.tensor([float(self.federation.num_examples.get(c, 1)) for c in range(self.num_clients)])
+        return to_record({**self.initial_extras, **self.spec.unflatten((n / n.sum()) @ self.theta)})
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "theta": self.theta, "extras": {str(c): e for c, e in self.extras.items()}}

@@ -2,8 +2,9 @@
 embedding (:class:`~pflower.strategies.hypernetwork.ModelGenerator`).
 
 Each round a sampled client gets its generated model, trains it and returns it; the replying
-clients' trained models take one step of the hypernetwork (and their embeddings) toward them
-(grad_outputs = generated - trained, in chunks of clients). Clients evaluate the model the
+clients' trained models take the hypernetwork (and their embeddings) one step toward them
+(grad_outputs = generated - trained; the gradient gathered in chunks of clients, all against the
+round's starting hypernetwork). Clients evaluate the model the
 hypernetwork generates for them after the round. The server keeps no client model.
 """
 
@@ -70,9 +71,9 @@ class PFedHN(PersonalModels):
             return self.spec.unflatten(self.generator.generate(torch.tensor([client_id]))[0])
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        for part in chunks(replies):
-            ids = torch.tensor([r.client_id for r in part])
-            generator_update(self.generator, ids, self.spec.stack(r.arrays for r in part), self.hn_lr, self.momentum, self.weight_decay)
+        """One step of the hypernetwork for the round, its gradient gathered chunk by chunk."""
+        parts = [(torch.tensor([r.client_id for r in part]), self.spec.stack(r.arrays for r in part)) for part in chunks(replies)]
+        generator_update(self.generator, parts, self.hn_lr, self.momentum, self.weight_decay)
         self.store(replies)
 
     def global_arrays(self) -> ArrayRecord:

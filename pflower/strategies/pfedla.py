@@ -110,13 +110,6 @@ class PFedLA(PersonalModels):
         """The personalized models after this round's update, as they would be sent for training."""
         return self.personalized(ids)[0]
 
-    def global_arrays(self) -> ArrayRecord:
-        """The clients' models averaged by their samples (what ``evaluate_fn`` evaluates)."""
-        if self.theta is None:
-            return ArrayRecord()
-        n = torch.tensor([float(self.federation.num_examples.get(c, 1)) for c in range(self.num_clients)])
-        return to_record({**self.initial_extras, **self.spec.unflatten((n / n.sum()) @ self.theta)})
-
     def _retained_mask(self, ids: Sequence[int]) -> torch.Tensor:
         no = torch.zeros(len(self.layers), dtype=torch.bool)
         return torch.stack([self.retained_in_training.get(c, no) for c in ids])
