@@ -191,6 +191,18 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     return problems
 
 
+def check_results_dir(s: Settings) -> None:
+    """ConfigError unless ``results-dir`` can be created and written (where the ServerApp runs)."""
+    path = s.results_path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".pflower-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError([("results-dir", s.results_dir, f"must be a directory the server can write ({err.strerror or err})")]) from None
+
+
 def known_keys() -> list[str]:
     """Every run-config key: the shared ones and ``<method>.<key>`` of every method."""
     shared = [f.alias or n for n, f in Settings.model_fields.items() if n != "params"]

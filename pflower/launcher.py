@@ -256,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
     p.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: <app>/.flwr)")
     args = p.parse_args(argv)
+    from pflower.check import check, is_pflower_app
+
+    if is_pflower_app(args.app) and (why := check(args.app, args.run_config)) is not None:
+        print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
+        return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_id, status = simulate(
         args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home

@@ -10,7 +10,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from pflower.checkpoint import load_checkpoint
-from pflower.config import ConfigError, load_settings
+from pflower.config import ConfigError, check_results_dir, load_settings
 from pflower.methods import build_strategy
 from pflower.strategies.federation import NoClientsError
 from pflower.strategies.loop import RoundFailedError
@@ -38,6 +38,7 @@ logging.getLogger("flwr").addFilter(_ClearFailureWithoutTraceback())
 def main(grid: Grid, context: Context) -> None:
     try:
         settings = load_settings(context.run_config)
+        check_results_dir(settings)
         strategy = build_strategy(settings)
         checkpoint = load_checkpoint(settings) if settings.resume_from else None
         strategy.start(grid=grid, checkpoint=checkpoint)
