@@ -11,6 +11,7 @@ becomes one :class:`ConfigError` that names the key, the value and what is allow
 from __future__ import annotations
 
 import difflib
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from pflower.methods import MethodParams, declarations
 
-Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100"]
+Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
 Aggregation = Literal["mean", "median", "trimmed-mean"]
@@ -61,6 +62,7 @@ class Settings(BaseModel):
     dataset: Dataset = "digits"
     data_dir: str = ""
     download: bool = False
+    image_size: int = Field(0, ge=0)
     model: ModelName = "auto"
     partition: Partition = "pathological"
     classes_per_client: int = Field(4, ge=1)
@@ -124,11 +126,22 @@ class Settings(BaseModel):
         return self
 
     @property
+    def reads_folder(self) -> bool:
+        """Whether the data is an image tree (``imagefolder``, or CIFAR given as one)."""
+        from pflower.datasets.folder import is_image_folder
+
+        return self.dataset == "imagefolder" or (self.dataset.startswith("cifar") and bool(self.data_dir) and is_image_folder(self.data_path))
+
+    @property
     def num_classes(self) -> int:
-        return DATASET_INFO[self.dataset][1]
+        return _folder_shape(str(self.data_path), self.image_size)[1] if self.dataset == "imagefolder" else DATASET_INFO[self.dataset][1]
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
+        """(channels, height, width): the data set's, an image tree's first image's (resized to
+        ``image-size`` if set)."""
+        if self.reads_folder:
+            return _folder_shape(str(self.data_path), self.image_size)[0]
         return DATASET_INFO[self.dataset][0]
 
     @property
@@ -160,6 +173,13 @@ class Settings(BaseModel):
         return {**self.model_dump(by_alias=True, exclude={"params"}), **own}
 
 
+@lru_cache(maxsize=8)
+def _folder_shape(root: str, image_size: int) -> tuple[tuple[int, int, int], int]:
+    from pflower.datasets.folder import folder_shape
+
+    return folder_shape(Path(root), image_size)
+
+
 def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     """Rules that involve more than one key, the method's declaration or the file system."""
     problems: list[tuple[str, Any, str]] = []
@@ -169,6 +189,15 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
             problems.append(("data-dir", s.data_dir, f"dataset '{s.dataset}' needs a data directory"))
         elif not s.data_path.is_dir() and not (s.download and s.dataset.startswith("cifar")):
             problems.append(("data-dir", s.data_dir, "must be an existing directory"))
+        elif s.dataset == "imagefolder":
+            from pflower.datasets.folder import FolderError, index_folder
+
+            try:
+                index_folder(s.data_path)
+            except FolderError as err:
+                problems.append(("data-dir", s.data_dir, str(err)))
+    if problems:  # the data set's classes may be unknown
+        return problems
     c = s.num_classes
     if s.partition == "pathological" and s.classes_per_client > c:
         problems.append(("classes-per-client", s.classes_per_client, f"must be <= {c} ({s.dataset} classes)"))
@@ -176,6 +205,8 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
     if s.partition == "label-groups" and s.label_groups > c:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
+    if s.image_size and not s.reads_folder:
+        problems.append(("image-size", s.image_size, "only for image folders (dataset 'imagefolder', or CIFAR given as a folder tree)"))
     if s.samples_per_client and s.partition not in ("pathological", "dominant"):
         problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological' or 'dominant' (0: use the whole pool)"))
     if s.partition == "pathological" and 0 < s.samples_per_client < s.classes_per_client:

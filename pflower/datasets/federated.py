@@ -39,12 +39,12 @@ class FederatedIndices:
 
 
 @lru_cache(maxsize=4)
-def _pool(dataset: str, data_dir: str, download: bool) -> Pool:
-    return load_pool(dataset, Path(data_dir), download)
+def _pool(dataset: str, data_dir: str, download: bool, image_size: int) -> Pool:
+    return load_pool(dataset, Path(data_dir), download, image_size)
 
 
 def pool_for(settings: Settings) -> Pool:
-    return _pool(settings.dataset, str(settings.data_path) if settings.data_dir else "", settings.download)
+    return _pool(settings.dataset, str(settings.data_path) if settings.data_dir else "", settings.download, settings.image_size)
 
 
 def partition_indices(labels: np.ndarray, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:

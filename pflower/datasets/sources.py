@@ -1,7 +1,8 @@
 """Data sources: one pool of images and labels per data set, read from local files only.
 
 ``digits`` is embedded in scikit-learn; the MNIST family is read from IDX files (gzipped or
-not) in ``data-dir``; CIFAR goes through torchvision from a local root, downloading only when
+not) in ``data-dir``; ``imagefolder`` from an image tree (:mod:`pflower.datasets.folder`); CIFAR
+from such a tree or through torchvision from a local root, downloading only when
 ``download=true``. Every split found (train and test files) is pooled: pflower partitions the
 pool into clients and splits each client's share into train and test itself.
 """
@@ -110,7 +111,26 @@ def load_idx_family(name: str, root: Path) -> Pool:
     return Pool(_normalize(x), torch.from_numpy(y), int(y.max()) + 1)
 
 
+def load_image_folder(root: Path, image_size: int = 0, expect_classes: int | None = None) -> Pool:
+    """An image tree (:mod:`pflower.datasets.folder`): every split pooled, as for the other sources."""
+    from pflower.datasets.folder import FolderError, load_folder
+
+    try:
+        x, y, classes = load_folder(root, image_size)
+    except FolderError as err:
+        raise DataError(str(err)) from None
+    if expect_classes is not None and len(classes) != expect_classes:
+        raise DataError(f"{root} has {len(classes)} class folders, expected {expect_classes}")
+    return Pool(_normalize(x.astype(np.float32) / 255.0), torch.from_numpy(y), len(classes))
+
+
 def load_cifar(name: str, root: Path, download: bool) -> Pool:
+    """CIFAR-10/100 from torchvision's files under ``root``, or from an image tree there
+    (``train/<class>/``, ``test/<class>/``, as ``shared/data/cifar10-jpg``)."""
+    from pflower.datasets.folder import is_image_folder
+
+    if is_image_folder(root):
+        return load_image_folder(root, 0, 10 if name == "cifar10" else 100)
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
@@ -123,10 +143,12 @@ def load_cifar(name: str, root: Path, download: bool) -> Pool:
     return Pool(_normalize(x), torch.from_numpy(y), 10 if name == "cifar10" else 100)
 
 
-def load_pool(dataset: str, data_dir: Path, download: bool = False) -> Pool:
+def load_pool(dataset: str, data_dir: Path, download: bool = False, image_size: int = 0) -> Pool:
     """The whole pool of one data set."""
     if dataset == "digits":
         return load_digits()
+    if dataset == "imagefolder":
+        return load_image_folder(data_dir, image_size)
     if dataset in ("mnist", "fashion-mnist", "emnist"):
         return load_idx_family(dataset, data_dir)
     if dataset in ("cifar10", "cifar100"):

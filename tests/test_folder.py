@@ -1,0 +1,95 @@
+"""Image folders (dataset='imagefolder', CIFAR as a tree): layout, class order, the cache and its
+invalidation, and the errors, on small trees the tests write."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import run_config
+from pflower.config import ConfigError, load_settings
+from pflower.datasets import folder as F
+
+
+def _write(path, value, size=(8, 8), mode="RGB"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, value if mode == "L" else (value, 255 - value, 7)).save(path)
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "data"
+    for c, value in (("zebra", 10), ("apple", 100), ("moon", 200)):
+        for i in range(4):
+            _write(root / "train" / c / f"{i}.png", value + i)
+        _write(root / "test" / c / "t.png", value)
+    return root
+
+
+def test_classes_are_the_sorted_folder_names_and_every_split_is_pooled(tree):
+    x, y, classes = F.load_folder(tree)
+    assert classes == ("apple", "moon", "zebra")
+    assert x.shape == (15, 3, 8, 8) and x.dtype == np.uint8 and np.bincount(y).tolist() == [5, 5, 5]
+    assert x[y == 0][:, 0].max() == 103 and x[y == 2][:, 0].min() == 10  # apple is 100.., zebra 10..
+
+
+def test_a_second_load_reads_the_cache_and_a_changed_file_decodes_again(tree, monkeypatch):
+    F.load_folder(tree)
+    calls = []
+    real = F._decode
+    monkeypatch.setattr(F, "_decode", lambda p, s: calls.append(p) or real(p, s))
+    x, _, _ = F.load_folder(tree)
+    assert calls == []  # from the cache
+    time.sleep(0.01)
+    _write(tree / "train" / "apple" / "0.png", 50)  # changed content and mtime
+    x2, y2, _ = F.load_folder(tree)
+    assert len(calls) == 15 and x2[y2 == 0][:, 0].min() == 50
+    assert len(list((tree.parent / "cache").glob("folder-*.npz"))) == 1  # the stale cache went
+
+
+def test_a_corrupt_file_is_named(tree):
+    bad = tree / "train" / "moon" / "broken.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(F.FolderError, match=r"cannot decode image .*moon/broken.png"):
+        F.load_folder(tree)
+
+
+def test_one_size_per_data_set_or_image_size(tree):
+    _write(tree / "train" / "apple" / "big.png", 30, size=(12, 10))
+    with pytest.raises(F.FolderError, match=r"big.png is \(3, 10, 12\) .* one size per data set; set image-size"):
+        F.load_folder(tree)
+    x, _, _ = F.load_folder(tree, image_size=6)
+    assert x.shape[1:] == (3, 6, 6)
+
+
+def test_grayscale_trees_have_one_channel_and_mixed_channels_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "gray"
+    for c in ("0", "1"):
+        for i in range(3):
+            _write(root / "train" / c / f"{i}.png", 40 * i, mode="L")
+    assert F.load_folder(root)[0].shape == (6, 1, 8, 8)
+    _write(root / "train" / "1" / "rgb.png", 5)
+    with pytest.raises(F.FolderError, match="rgb.png .* one channels per data set"):
+        F.load_folder(root)
+
+
+def test_settings_read_the_shape_and_classes_from_the_tree(tree):
+    s = load_settings(run_config(dataset="imagefolder", data_dir=str(tree), classes_per_client=2))
+    assert s.image_shape == (3, 8, 8) and s.num_classes == 3
+    with pytest.raises(ConfigError, match="'image-size' = 16 .* only for image folders"):
+        load_settings(run_config(image_size=16))
+    with pytest.raises(ConfigError, match=r"'data-dir' .* is not an image folder: expected .*/train/<class>"):
+        load_settings(run_config(dataset="imagefolder", data_dir=str(tree / "train")))
+
+
+def test_a_federation_trains_on_an_image_folder(tree, grid_factory, tmp_path):
+    from pflower.methods import build_strategy
+
+    cfg = run_config(method="fedavg", dataset="imagefolder", data_dir=str(tree), partition="iid", num_server_rounds=2,
+                     local_epochs=1, model="cnn", results_dir=str(tmp_path / "out"))  # fmt: skip
+    result = build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
+    assert sorted(result.evaluate_metrics_clientapp) == [1, 2]
