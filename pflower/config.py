@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from pflower.methods import MethodParams, declarations
 
-Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder"]
+Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder", "node"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
 Aggregation = Literal["mean", "median", "trimmed-mean"]
@@ -133,13 +133,22 @@ class Settings(BaseModel):
         return self.dataset == "imagefolder" or (self.dataset.startswith("cifar") and bool(self.data_dir) and is_image_folder(self.data_path))
 
     @property
+    def node_data(self) -> bool:
+        """Every SuperNode brings its own data (``dataset='node'``): shape and classes come from them."""
+        return self.dataset == "node"
+
+    @property
     def num_classes(self) -> int:
+        if self.node_data:
+            raise ValueError("dataset='node': the classes are the nodes' (the ServerApp asks them)")
         return _folder_shape(str(self.data_path), self.image_size)[1] if self.dataset == "imagefolder" else DATASET_INFO[self.dataset][1]
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(channels, height, width): the data set's, an image tree's first image's (resized to
         ``image-size`` if set)."""
+        if self.node_data:
+            raise ValueError("dataset='node': the image shape is the nodes' (the ServerApp asks them)")
         if self.reads_folder:
             return _folder_shape(str(self.data_path), self.image_size)[0]
         return DATASET_INFO[self.dataset][0]
@@ -184,7 +193,12 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     """Rules that involve more than one key, the method's declaration or the file system."""
     problems: list[tuple[str, Any, str]] = []
     method = declarations()[s.method]
-    if s.dataset != "digits":
+    if s.node_data:
+        if s.test_mode != "local":
+            problems.append(("test-mode", s.test_mode, "must be 'local' with dataset='node': each node has only its own test data, no shared test set"))
+        if s.image_size:
+            problems.append(("image-size", s.image_size, "with dataset='node' a node's config says its image-size"))
+    elif s.dataset != "digits":
         if not s.data_dir:
             problems.append(("data-dir", s.data_dir, f"dataset '{s.dataset}' needs a data directory"))
         elif not s.data_path.is_dir() and not (s.download and s.dataset.startswith("cifar")):
@@ -196,7 +210,7 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
                 index_folder(s.data_path)
             except FolderError as err:
                 problems.append(("data-dir", s.data_dir, str(err)))
-    if problems:  # the data set's classes may be unknown
+    if problems or s.node_data:  # the data set's classes may be unknown
         return problems
     c = s.num_classes
     if s.partition == "pathological" and s.classes_per_client > c:
@@ -205,7 +219,7 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
     if s.partition == "label-groups" and s.label_groups > c:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
-    if s.image_size and not s.reads_folder:
+    if s.image_size and not s.reads_folder and not s.node_data:
         problems.append(("image-size", s.image_size, "only for image folders (dataset 'imagefolder', or CIFAR given as a folder tree)"))
     if s.samples_per_client and s.partition not in ("pathological", "dominant"):
         problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological' or 'dominant' (0: use the whole pool)"))

@@ -77,12 +77,14 @@ class InProcessGrid(Grid):
     ClientApp becomes an error reply, as in Flower.
     """
 
-    def __init__(self, client_app, cfg: dict, num_clients: int, tamper: Callable[[int, Message], Message] | None = None):
+    def __init__(self, client_app, cfg: dict, num_clients: int, tamper: Callable[[int, Message], Message] | None = None,
+                 node_configs: dict[int, dict] | None = None):  # fmt: skip
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.app = client_app
         self.tamper = tamper
+        node_configs = node_configs or {}
         self.contexts = {
-            100 + i: Context(1, 100 + i, {"partition-id": i, "num-partitions": num_clients}, RecordDict(), dict(cfg))
+            100 + i: Context(1, 100 + i, {"partition-id": i, "num-partitions": num_clients, **node_configs.get(i, {})}, RecordDict(), dict(cfg))
             for i in range(num_clients)
         }
         self.offline: set[int] = set()

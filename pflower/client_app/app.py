@@ -29,6 +29,7 @@ from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
+from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
 from pflower import methods
 from pflower.models import build_model
 from pflower.records import check_state, from_record, to_record
@@ -128,16 +129,19 @@ class Runtime:
 
 
 @lru_cache(maxsize=8)
-def _shared(settings: Settings) -> Shared:
+def _shared(settings: Settings, shape: tuple[int, int, int] | None = None, num_classes: int | None = None) -> Shared:
+    """The run's model and method; ``shape`` and ``num_classes`` for a node's own data (else the data set's)."""
     # Fixed, not inherited: results depend on the thread count (reduction order).
     torch.set_num_threads(settings.client_threads)
-    pool = pool_for(settings)
-    if pool.shape != settings.image_shape or pool.num_classes != settings.num_classes:
-        raise ValueError(
-            f"dataset '{settings.dataset}' in {settings.data_path} has images {pool.shape} and "
-            f"{pool.num_classes} classes; expected {settings.image_shape} and {settings.num_classes}"
-        )
-    model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed).to(device())
+    if shape is None:
+        pool = pool_for(settings)
+        shape, num_classes = settings.image_shape, settings.num_classes
+        if pool.shape != shape or pool.num_classes != num_classes:
+            raise ValueError(
+                f"dataset '{settings.dataset}' in {settings.data_path} has images {pool.shape} and "
+                f"{pool.num_classes} classes; expected {shape} and {num_classes}"
+            )
+    model = build_model(settings, shape, num_classes, settings.seed).to(device())
     method = methods.client_method(settings)
     fresh = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Shared(model, method, GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval), fresh)
@@ -155,13 +159,30 @@ def _settings(items: tuple) -> Settings:
     return load_settings(dict(items))
 
 
-def runtime(context: Context) -> Runtime:
+@lru_cache(maxsize=64)
+def _node_runtime(settings: Settings, client_id: int, num_clients: int, data: NodeData, union: tuple[str, ...]) -> Runtime:
+    train, test = data.splits(union)
+    return Runtime(settings, client_id, num_clients, train, test, _shared(settings, data.shape, len(union)))
+
+
+def node_data(context: Context, settings: Settings) -> NodeData:
+    """This node's own data (``dataset='node'``), named by its node config."""
+    return load_node_data(context.node_config, settings.test_fraction, settings.seed)
+
+
+def runtime(context: Context, msg: Message | None = None) -> Runtime:
+    """This client's runtime. With ``dataset='node'``, its own data, its labels numbered by the
+    federation's class names that ``msg`` carries (its own names before the server sent any)."""
     settings = _settings(tuple(sorted(context.run_config.items())))
     try:
         cid = int(context.node_config["partition-id"])
         n = int(context.node_config["num-partitions"])
     except (KeyError, ValueError) as err:
         raise ValueError(f"node config needs integer 'partition-id' and 'num-partitions' ({err})") from None
+    if settings.node_data:
+        data = node_data(context, settings)
+        union = tuple(_config(msg).get(CLASS_NAMES, data.names)) if msg is not None else data.names
+        return _node_runtime(settings, cid, n, data, union)
     return _runtime(settings, cid, n)
 
 
@@ -193,12 +214,16 @@ def query(msg: Message, context: Context) -> Message:
     rt = runtime(context)
     classes = torch.unique(rt.test.y).tolist()
     reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes})
-    return Message(RecordDict({"metrics": reply}), reply_to=msg)
+    content = RecordDict({"metrics": reply})
+    if rt.settings.node_data:  # what the server builds the model from
+        data = node_data(context, rt.settings)
+        content[IDENTITY] = ConfigRecord({CLASS_NAMES: list(data.names), "shape": list(data.shape)})
+    return Message(content, reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    rt = runtime(context)
+    rt = runtime(context, msg)
     model = rt.personal_model(context, msg)
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
@@ -215,7 +240,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_(msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (personal state + received arrays) in the run's test mode,
     after the method's fine-tuning epochs on the training split if it has any (never saved)."""
-    rt = runtime(context)
+    rt = runtime(context, msg)
     model = rt.personal_model(context, msg)
     trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
@@ -234,7 +259,7 @@ def relay(msg: Message, context: Context) -> Message:
     asks the server to forward; the model goes back into the personal state after every step,
     and to disk after the last step of a round.
     """
-    rt = runtime(context)
+    rt = runtime(context, msg)
     model = rt.personal_model(context, msg)
     phase = str(_config(msg).get("phase", ""))
     out = rt.method.relay_step(phase, model, rt.train, msg.content, context.state, rt.client_id, rt.num_clients, _round(msg))

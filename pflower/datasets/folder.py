@@ -108,7 +108,8 @@ def cache_dir() -> Path:
 
 def load_folder(root: Path, image_size: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """(images uint8 [n, C, H, W], labels, classes) of the tree under ``root``, from the cache
-    when its files are unchanged, else decoded and cached."""
+    when its files are unchanged, else decoded and cached; the ``train/`` files come first, then
+    the ``test/`` ones (:func:`split_sizes`)."""
     index = index_folder(root)
     name = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
     key = index.key(image_size)
@@ -126,6 +127,13 @@ def load_folder(root: Path, image_size: int = 0) -> tuple[np.ndarray, np.ndarray
         np.savez(f, x=x, y=y)
     os.replace(tmp, path)  # atomic: processes decoding at once never read half a file
     return x, y, index.classes
+
+
+def split_sizes(root: Path) -> tuple[int, int]:
+    """How many files the tree's ``train/`` and ``test/`` hold (in :func:`load_folder`'s order)."""
+    files = index_folder(root).files
+    n_train = sum(1 for split, _, _ in files if split == "train")
+    return n_train, len(files) - n_train
 
 
 def folder_shape(root: Path, image_size: int = 0) -> tuple[tuple[int, int, int], int]:

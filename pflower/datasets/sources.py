@@ -86,8 +86,9 @@ def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
     return pairs
 
 
-def load_idx_family(name: str, root: Path) -> Pool:
-    """MNIST, Fashion-MNIST or EMNIST (balanced split) from IDX files in ``root``."""
+def load_idx_family(name: str, root: Path, relabel: bool = True) -> Pool:
+    """MNIST, Fashion-MNIST or EMNIST (balanced split) from IDX files in ``root``; ``relabel``:
+    number the labels present 0..k-1 (else keep the files' label values)."""
     prefix = "emnist-balanced-" if name == "emnist" else ""
     pairs = _idx_pairs(root, prefix)
     if not pairs:
@@ -107,7 +108,8 @@ def load_idx_family(name: str, root: Path) -> Pool:
     if name == "emnist":
         x = x.transpose(0, 1, 3, 2)  # EMNIST images are stored transposed
     y = np.concatenate(ys).astype(np.int64)
-    _, y = np.unique(y, return_inverse=True)
+    if relabel:
+        _, y = np.unique(y, return_inverse=True)
     return Pool(_normalize(x), torch.from_numpy(y), int(y.max()) + 1)
 
 

@@ -43,11 +43,13 @@ def client_method(settings: Settings) -> ClientMethod:
     return get(settings.method).client_class()(settings)
 
 
-def build_strategy(settings: Settings) -> PflStrategy:
-    """The method's strategy, with the initial model of ``seed`` and the method's upload keys."""
+def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None, num_classes: int | None = None) -> PflStrategy:
+    """The method's strategy, with the initial model of ``seed`` and the method's upload keys;
+    ``shape`` and ``num_classes`` when the nodes bring their own data (else the data set's)."""
     from pflower.models import build_model
 
-    model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
+    shape, num_classes = (settings.image_shape, settings.num_classes) if shape is None else (shape, num_classes)
+    model = build_model(settings, shape, num_classes, settings.seed)
     client = client_method(settings)
     strategy = get(settings.method).strategy_class().from_settings(settings, model, client.upload_keys(model))
     strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}

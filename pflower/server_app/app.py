@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
-from logging import ERROR
+from logging import ERROR, INFO
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, check_results_dir, load_settings
 from pflower.methods import build_strategy
-from pflower.strategies.federation import NoClientsError
+from pflower.datasets.node import CLASS_NAMES
+from pflower.strategies.federation import Federation, NoClientsError
 from pflower.strategies.loop import RoundFailedError
 
 #: Failures whose message says everything: logged as one ERROR line, without a traceback.
@@ -39,9 +40,18 @@ def main(grid: Grid, context: Context) -> None:
     try:
         settings = load_settings(context.run_config)
         check_results_dir(settings)
-        strategy = build_strategy(settings)
         checkpoint = load_checkpoint(settings) if settings.resume_from else None
-        strategy.start(grid=grid, checkpoint=checkpoint)
+        if settings.node_data:  # the nodes say what their data is; the server opens no data file
+            federation = Federation(settings.seed)
+            federation.discover(grid, settings.round_timeout)
+            shape, names = federation.agree_on_data()
+            log(INFO, "Nodes' own data: images %s, %d classes (%s)", shape, len(names), ", ".join(names[:12]))
+            strategy = build_strategy(settings, shape, len(names))
+            strategy.federation = federation
+            config = ConfigRecord({CLASS_NAMES: names})
+            strategy.start(grid=grid, checkpoint=checkpoint, train_config=config, evaluate_config=config)
+        else:
+            build_strategy(settings).start(grid=grid, checkpoint=checkpoint)
     except CLEAR_FAILURES as err:  # bad keys or resume-from, too few valid replies, no clients
         log(ERROR, "%s", err)
         raise

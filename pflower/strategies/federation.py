@@ -23,6 +23,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
 from pflower.records import payload_bytes
 from pflower.strategies.validation import Rejected, check_reply
 
@@ -88,6 +89,9 @@ class Federation:
         self.stateless: set[int] = set()  # clients without a query handler (quickstart-style)
         self.num_clients = 0
         self.fixed = False  # the server has allocated per-client state: no client id beyond num_clients
+        self.data: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}  # a node's own data: (shape, class names)
+        self.shape: tuple[int, ...] | None = None  # the agreed input shape (agree_on_data)
+        self.refused: dict[int, str] = {}  # node id -> why it is not part of the run
 
     @property
     def ids(self) -> list[int]:
@@ -104,7 +108,7 @@ class Federation:
         failed: dict[int, str] = {}
         while True:
             nodes = self.query_new_nodes(grid, timeout, failed)
-            if self.num_clients and len(self.node_of) >= self.num_clients:
+            if self.num_clients and len(self.node_of) + len(self.refused) >= self.num_clients:
                 break
             if nodes and not self.node_of and set(nodes) <= set(failed):
                 reasons = "; ".join(f"node {n}: {why}" for n, why in sorted(failed.items())[:3])
@@ -126,7 +130,7 @@ class Federation:
         """
         failed = {} if failed is None else failed
         nodes = list(grid.get_node_ids())
-        new = [n for n in nodes if n not in self.client_of]
+        new = [n for n in nodes if n not in self.client_of and n not in self.refused]
         if new:
             msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
             for reply in sorted(send_and_receive(grid, msgs, timeout), key=lambda r: r.metadata.src_node_id):
@@ -154,14 +158,47 @@ class Federation:
         if r.client_id in self.node_of and self.node_of[r.client_id] != node:
             log(INFO, "Client %d is back as node %s", r.client_id, node)
             self.client_of.pop(self.node_of[r.client_id], None)
+        identity = reply.content.config_records.get(IDENTITY)
+        if identity is not None:
+            shape, names = tuple(int(d) for d in identity.get("shape", [])), tuple(str(n) for n in identity.get(CLASS_NAMES, []))
+            if self.shape is not None and shape != self.shape:
+                return self._refuse(node, r.client_id, f"its images are {shape}, the federation's {self.shape}")
+            self.data[r.client_id] = (shape, names)
         self.node_of[r.client_id] = node
         self.client_of[node] = r.client_id
         self.num_examples[r.client_id] = r.num_examples
         classes = r.metrics.get("classes")
         if isinstance(classes, list) and all(isinstance(c, int) for c in classes):
             self.classes[r.client_id] = classes
-        self.num_clients = max(self.num_clients, n_clients)
+        if not self.fixed:
+            self.num_clients = max(self.num_clients, n_clients)
         return None
+
+    def _refuse(self, node: int, client: int, why: str) -> str:
+        """Leave ``node`` out of the run for good (it is not asked again) and say why."""
+        reason = f"node {node} (client {client}) is refused: {why}"
+        self.refused[node] = reason
+        log(WARNING, "%s", reason)
+        return reason
+
+    def agree_on_data(self) -> tuple[tuple[int, ...], list[str]]:
+        """With nodes that bring their own data: the input shape most of them have (the lowest
+        client id's on a tie) and the union of their class names. A node with another shape is
+        refused, named in the log; it is not asked again, and a later one is checked on arrival."""
+        from collections import Counter
+
+        if not self.data:
+            raise NoClientsError("dataset='node': no node said what its data is (its node config needs 'data-dir')")
+        counts = Counter(shape for shape, _ in self.data.values())
+        self.shape = max(counts, key=lambda s: (counts[s], -min(c for c, (sh, _) in self.data.items() if sh == s)))
+        for cid, (shape, _) in sorted(self.data.items()):
+            if shape != self.shape:
+                node = self.node_of.pop(cid)
+                self.client_of.pop(node)
+                self.data.pop(cid)
+                self._refuse(node, cid, f"its images are {shape}, the federation's {self.shape}")
+        self.num_clients = min(self.num_clients, max(self.node_of) + 1)  # refused highest ids leave no empty rows
+        return self.shape, class_union(names for _, names in self.data.values())
 
     def _register_stateless(self, node: int, nodes: set[int]) -> str | None:
         """A node without a query handler: the id of a stateless client whose node is gone (a

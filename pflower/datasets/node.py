@@ -1,0 +1,106 @@
+"""A SuperNode's own data (``dataset='node'``): its node config names it; nothing is partitioned.
+
+Node config: ``data-dir`` (required) and ``format``: ``imagefolder`` (the default: ``train/<class>/``
+is all its training data, ``test/<class>/`` its test split) or ``mnist``, ``fashion-mnist``,
+``emnist`` (the IDX files those sources read); ``image-size`` resizes an image tree. Without test
+files (and for IDX files, whose splits are pooled) a stratified ``test-fraction`` (the run
+config's) of it is held out. Images are standardized per channel over the node's own data.
+
+A node's classes are its folder names (IDX: its label values, as text). The server collects every
+node's names and sends their union (:func:`class_union`) with every message under
+``CLASS_NAMES``; a node maps its labels to the union's indices, so every node agrees on what
+output unit a class is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pflower.datasets.federated import Split
+from pflower.datasets.partition import train_test_split
+from pflower.datasets.sources import DataError, _normalize
+
+#: The config key of the federation's class names, sent with every message (both sides use it).
+CLASS_NAMES = "class-names"
+#: The identity reply's record of a node's own data: its ``CLASS_NAMES`` and input ``shape``.
+IDENTITY = "identity"
+FORMATS = ("imagefolder", "mnist", "fashion-mnist", "emnist")
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """A node's data: images, labels as indices into ``names``, and which samples are its test split."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    test: torch.Tensor  # bool [n]
+    names: tuple[str, ...]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.x.shape[1:])  # type: ignore[return-value]
+
+    @property
+    def num_train(self) -> int:
+        return int((~self.test).sum())
+
+    def splits(self, union: Sequence[str]) -> tuple[Split, Split]:
+        """(train, test) with labels numbered by ``union`` (the federation's class names)."""
+        missing = [n for n in self.names if n not in union]
+        if missing:
+            raise ValueError(f"the federation's classes {list(union)[:10]} lack this node's {missing[:5]}")
+        index = torch.tensor([list(union).index(n) for n in self.names])
+        y = index[self.y]
+        return Split(self.x[~self.test], y[~self.test]), Split(self.x[self.test], y[self.test])
+
+
+def class_union(names: Iterable[Sequence[str]]) -> list[str]:
+    """Every node's class names once, sorted (as numbers when all are whole numbers)."""
+    union = {str(n) for node in names for n in node}
+    return sorted(union, key=int) if all(n.lstrip("-").isdigit() for n in union) else sorted(union)
+
+
+@lru_cache(maxsize=4)
+def _load(data_dir: str, fmt: str, image_size: int, test_fraction: float, seed: int) -> NodeData:
+    root = Path(data_dir).expanduser()
+    if fmt == "imagefolder":
+        from pflower.datasets.folder import FolderError, load_folder, split_sizes
+
+        try:
+            raw, labels, names = load_folder(root, image_size)
+            n_train, n_test = split_sizes(root)
+        except FolderError as err:
+            raise DataError(str(err)) from None
+        x = _normalize(raw.astype(np.float32) / 255.0)
+        y = torch.from_numpy(labels)
+        test = torch.arange(len(y)) >= n_train if n_test else None
+    else:
+        from pflower.datasets.sources import load_idx_family
+
+        pool = load_idx_family(fmt, root, relabel=False)
+        values, local = np.unique(pool.y.numpy(), return_inverse=True)
+        x, y, names, test = pool.x, torch.from_numpy(local), tuple(str(v) for v in values), None
+    if test is None:  # no test files: a stratified share of its data
+        idx = np.arange(len(y))
+        _, te = train_test_split(idx, y.numpy(), test_fraction, seed)
+        test = torch.zeros(len(y), dtype=torch.bool)
+        test[torch.from_numpy(te)] = True
+    return NodeData(x, y, test, tuple(names))
+
+
+def load_node_data(node_config: Mapping[str, Any], test_fraction: float, seed: int) -> NodeData:
+    """The data a node's config names (see the module docstring); ValueError naming the key."""
+    data_dir = str(node_config.get("data-dir", ""))
+    if not data_dir:
+        raise ValueError("dataset='node': this node's config needs 'data-dir' (its own data)")
+    fmt = str(node_config.get("format", "imagefolder"))
+    if fmt not in FORMATS:
+        raise ValueError(f"node config 'format' = {fmt!r}: must be one of {', '.join(FORMATS)}")
+    return _load(str(Path(data_dir).expanduser().resolve()), fmt, int(node_config.get("image-size", 0)), test_fraction, seed)

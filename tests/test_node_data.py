@@ -1,0 +1,80 @@
+"""dataset='node': every node brings its own data (its node config's data-dir); the server
+builds the model from what the nodes say, refuses a node whose images differ, and opens no file."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import InProcessGrid, run_config
+from pflower.datasets.node import class_union, load_node_data
+from pflower.records import from_record
+
+
+def node_folders(root, groups, size=8, test_split=True):
+    """One image tree per node from scikit-learn's digits: node i has the classes groups[i]."""
+    from pflower.datasets.sources import load_digits
+
+    pool = load_digits()
+    raw = ((pool.x[:, 0] - pool.x.min()) / (pool.x.max() - pool.x.min()) * 255).numpy().astype(np.uint8)
+    dirs = []
+    for i, classes in enumerate(groups):
+        d = root / f"node{i}"
+        for c in classes:
+            for j, k in enumerate(np.flatnonzero(pool.y.numpy() == c)[:60]):
+                split = "test" if test_split and j % 4 == 0 else "train"
+                (d / split / str(c)).mkdir(parents=True, exist_ok=True)
+                Image.fromarray(raw[k]).resize((size, size)).save(d / split / str(c) / f"{j}.png")
+        dirs.append(d)
+    return dirs
+
+
+def test_class_union_sorts_numbers_as_numbers():
+    assert class_union([["10", "2"], ["3", "2"]]) == ["2", "3", "10"]
+    assert class_union([["cat", "ant"], ["bee"]]) == ["ant", "bee", "cat"]
+
+
+def test_a_node_reads_its_folder_and_numbers_its_labels_by_the_federations_classes(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    (d,) = node_folders(tmp_path, [[4, 6]])
+    data = load_node_data({"data-dir": str(d)}, 0.3, 0)
+    assert data.names == ("4", "6") and data.shape == (1, 8, 8) and int(data.test.sum()) == 30
+    train, test = data.splits([str(c) for c in range(10)])
+    assert set(train.y.tolist()) == {4, 6} and len(train) == 90 and len(test) == 30
+    with pytest.raises(ValueError, match=r"lack this node's \['6'\]"):
+        data.splits(["4"])
+    with pytest.raises(ValueError, match="node config 'format' = 'jpeg'"):
+        load_node_data({"data-dir": str(d), "format": "jpeg"}, 0.3, 0)
+    with pytest.raises(ValueError, match="this node's config needs 'data-dir'"):
+        load_node_data({}, 0.3, 0)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "pfedla"])
+def test_nodes_with_their_own_data_train_and_a_node_of_another_size_is_refused(tmp_path, monkeypatch, caplog, method):
+    """Three nodes, each with other classes; a fourth with 16x16 images is refused by name; the
+    ServerApp builds a 10-class model from what the nodes say and the run finishes."""
+    from flwr.app import Context, RecordDict
+
+    from pflower.client_app import app as client_app
+    from pflower.server_app import app as server_app
+
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    dirs = node_folders(tmp_path, [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]) + node_folders(tmp_path / "odd", [[1, 2]], size=16)
+    cfg = run_config(method=method, dataset="node", num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path / "out"))
+    grid = InProcessGrid(client_app, cfg, 4, node_configs={i: {"data-dir": str(d)} for i, d in enumerate(dirs)})
+    server_app._main(grid, Context(1, 0, {}, RecordDict(), cfg))
+    doc = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert sorted(doc["final"]["per-client-accuracy"]) == ["0", "1", "2"] and doc["num-clients"] == 3
+    assert "node 103 (client 3) is refused: its images are (1, 16, 16), the federation's (1, 8, 8)" in caplog.text
+    trained = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(list(m.content["config"]["class-names"]) == [str(c) for c in range(10)] for m in trained)
+    assert all(m.metadata.dst_node_id != 103 for m in grid.sent[4:])  # never asked again
+    assert from_record(trained[0].content["arrays"])["head.bias"].shape == (10,)  # a 10-class model from the nodes' classes
+
+
+def test_node_data_needs_local_test_mode():
+    from pflower.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match="'test-mode' = 'both' .* must be 'local' with dataset='node'"):
+        load_settings(run_config(dataset="node", test_mode="both"))
