@@ -14,6 +14,8 @@ must be asked for and prints a warning. Each SuperNode gets its client id and a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import argparse
 import ipaddress
 import json
@@ -170,12 +172,20 @@ class Deployment:
     """A SuperLink and ``nodes`` SuperNodes; use as a context manager or call start()/stop()."""
 
     def __init__(self, workdir: Path, nodes: int = 3, tls: bool = True, auth: bool = True, netns: bool = False,
-                 node_config: dict[int, str] | None = None):  # fmt: skip
+                 node_config: dict[int, str] | None = None, node_data: Sequence[Path] = (), hide: Sequence[Path] = ()):  # fmt: skip
+        """``node_data``: SuperNode i's own data folder (``data-dir`` in its node config, for
+        ``dataset='node'``); ``hide``: folders the SuperLink, and the ServerApp it starts, must not
+        see (an empty tmpfs over each in a mount namespace of their own; root only)."""
         if auth and not tls:
             raise ValueError("SuperNode authentication needs TLS")
+        if hide and os.geteuid() != 0:
+            raise ValueError("hiding folders from the SuperLink needs root (a mount namespace)")
         self.dir = workdir.resolve()
         self.nodes, self.tls, self.auth = nodes, tls, auth
-        self.extra_config = node_config or {}
+        self.extra_config = dict(node_config or {})
+        for i, folder in enumerate(node_data):
+            self.extra_config[i] = f'{self.extra_config.get(i, "")} data-dir="{Path(folder).resolve()}"'.strip()
+        self.hide = [Path(p).resolve() for p in hide]
         tag, subnet = f"pf{secrets.token_hex(2)}", f"10.77.{secrets.randbelow(250)}"  # a fresh subnet: no stale neighbours
         self.net = Network(tag, ["link", *(f"node{i}" for i in range(nodes))], subnet) if netns else None
         self.flwr_home = self.dir / "flwr-home"
@@ -270,6 +280,9 @@ class Deployment:
             cmd += ["--insecure"]
         if self.auth:
             cmd += ["--enable-supernode-auth"]
+        if self.hide:  # its own mount namespace, an empty tmpfs over every hidden folder, then the SuperLink
+            mount = 'n=$1; shift; while [ "$n" -gt 0 ]; do mount -t tmpfs tmpfs "$1" || exit 1; shift; n=$((n-1)); done; exec "$@"'
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", str(len(self.hide)), *map(str, self.hide), *cmd]
         proc = self._spawn("link", cmd)
         deadline = time.monotonic() + 60
         while True:
@@ -329,11 +342,28 @@ class Deployment:
         extra = self.extra_config.get(i, "")
         return f'partition-id={i} num-partitions={self.nodes} state-dir="{state}" {extra}'.strip()
 
+    def view_of_link(self, path: Path) -> list[str]:
+        """What the SuperLink's process sees in ``path`` (its mount namespace's view)."""
+        root = Path(f"/proc/{self.procs['link'].pid}/root")
+        target = root / Path(path).resolve().relative_to("/")
+        return sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+
+    def add_node(self, i: int, node_config: str) -> subprocess.Popen:
+        """Start one more SuperNode, ``i`` (>= ``nodes``), with its own key (registered) and config;
+        with network namespaces it runs in the last node's."""
+        key = self.dir / "pki" / "keys" / f"node{i}"
+        if self.auth and not key.exists():
+            node_key(key)
+            self.node_ids[i] = self.register(key.with_suffix(".pub"))
+        self.extra_config[i] = node_config
+        return self.start_node(i, key if self.auth else None, name=f"node{self.nodes - 1}-node{i}" if self.net else None)
+
     def start_node(self, i: int, key: Path | None = None, name: str | None = None) -> subprocess.Popen:
         """Start SuperNode ``i`` (again); ``key``: another private key (e.g. an unregistered one)."""
         pki = self.dir / "pki"
+        config = self.node_config(i) if i < self.nodes else f'state-dir="{self.dir / "state" / f"node{i}"}" {self.extra_config[i]}'
         cmd = [_bin("flower-supernode"), "--superlink", f"{self.link_address}:{self.ports['fleet']}",
-               "--node-config", self.node_config(i), "--host", "127.0.0.1", "--port", str(_free_port())]  # fmt: skip
+               "--node-config", config, "--host", "127.0.0.1", "--port", str(_free_port())]  # fmt: skip
         cmd += ["--root-certificates", str(pki / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:
             cmd += ["--auth-supernode-private-key", str(key or pki / "keys" / f"node{i}")]
@@ -412,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--netns", action="store_true", help="one network namespace per process (needs root)")
     up.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (prints a warning)")
     up.add_argument("--no-auth", action="store_true", help="TLS without SuperNode authentication")
+    up.add_argument("--node-data", default="", help="comma-separated data folders, one per SuperNode: each node's own data (run with dataset='node')")
+    up.add_argument("--format", default="imagefolder", help="the node data's format (node config 'format'): imagefolder, mnist, fashion-mnist, emnist")
     dn = sub.add_parser("down", help="stop a deployment started with up")
     dn.add_argument("--dir", type=Path, required=True)
     certs = sub.add_parser("certs", help="only generate a CA, a SuperLink certificate and node keys")
@@ -426,7 +458,19 @@ def main(argv: list[str] | None = None) -> int:
         make_pki(args.dir, [*args.host, "127.0.0.1", "localhost"], args.nodes)
         print(f"wrote {args.dir}/ca.crt, server.pem, server.key and keys/node0..{args.nodes - 1}")
         return 0
-    dep = Deployment(args.dir, args.nodes, tls=not args.insecure, auth=not (args.insecure or args.no_auth), netns=args.netns)
+    node_data = [Path(p) for p in args.node_data.split(",") if p]
+    if node_data and len(node_data) != args.nodes:
+        p.error(f"--node-data names {len(node_data)} folders for {args.nodes} nodes")
+    if missing := [str(d) for d in node_data if not d.is_dir()]:
+        p.error(f"--node-data: no such folder: {', '.join(missing)}")
+    if node_data:
+        from pflower.datasets.node import FORMATS
+
+        if args.format not in FORMATS:
+            p.error(f"--format is {args.format!r}; allowed: {', '.join(FORMATS)}")
+    config = {i: f'format="{args.format}"' for i in range(len(node_data))}
+    dep = Deployment(args.dir, args.nodes, tls=not args.insecure, auth=not (args.insecure or args.no_auth), netns=args.netns,
+                     node_config=config, node_data=node_data)  # fmt: skip
     dep.start()
     print(f"SuperLink at {dep.link_address} (Fleet API :{dep.ports['fleet']}, HTTP API :{dep.ports['api']}), {args.nodes} SuperNodes")
     print(f"Submit a run:  FLWR_HOME={dep.flwr_home} flwr run . {CONNECTION} --stream")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, faulty_app, run_config
+from conftest import MNIST_DIR, ROOT, faulty_app, run_config
 from pflower.deploy import Deployment, node_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")]
@@ -19,14 +19,46 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.wh
 DEPLOYMENT = pytest.mark.xdist_group("deployment")
 
 
-def _deployment(tmp_path_factory) -> Deployment:
+#: Each node's own data for dataset='node': node i's classes (written from the MNIST test set).
+NODE_CLASSES = ([0, 1, 2, 3], [4, 5, 6], [7, 8, 9])
+
+
+def mnist_folders(root, groups, size=28, per_class=80):
+    """One image tree per node from the MNIST test set: node i has the classes groups[i], a
+    quarter of each in test/."""
+    from PIL import Image
+
+    from pflower.datasets.sources import read_idx
+
+    x, y = read_idx(MNIST_DIR / "t10k-images-idx3-ubyte.gz"), read_idx(MNIST_DIR / "t10k-labels-idx1-ubyte.gz")
+    dirs = []
+    for i, classes in enumerate(groups):
+        d = root / f"node{i}"
+        for c in classes:
+            for j, k in enumerate((y == c).nonzero()[0][:per_class]):
+                split = "test" if j % 4 == 0 else "train"
+                (d / split / str(c)).mkdir(parents=True, exist_ok=True)
+                Image.fromarray(x[k]).resize((size, size)).save(d / split / str(c) / f"{j}.png")
+        dirs.append(d)
+    return dirs
+
+
+def _deployment(tmp_path_factory, node_data=(), hide=()) -> Deployment:
     # Node 2 misbehaves when the run's ClientApp is tests/faulty_client.py; pflower's own ignores the key.
-    return Deployment(tmp_path_factory.mktemp("deploy"), nodes=3, netns=True, node_config={2: 'fault="wrong-shape"'})
+    return Deployment(tmp_path_factory.mktemp("deploy"), nodes=3, netns=True, node_config={2: 'fault="wrong-shape"'},
+                      node_data=node_data, hide=hide)  # fmt: skip
 
 
 @pytest.fixture(scope="session")  # per xdist worker: not torn down when the worker interleaves other modules
 def deployment(tmp_path_factory):
-    with _deployment(tmp_path_factory) as dep:
+    """3 SuperNodes, each with a folder of its own data (dataset='node'; runs on the shared pool
+    ignore it); the SuperLink, and the ServerApp it starts, see neither those folders nor the
+    shared data sets."""
+    root = tmp_path_factory.mktemp("node-data")
+    dirs = mnist_folders(root, NODE_CLASSES) if MNIST_DIR.is_dir() else ()
+    hide = [root] + ([MNIST_DIR.parent] if MNIST_DIR.is_dir() else [])
+    with _deployment(tmp_path_factory, dirs, hide) as dep:
+        dep.node_data_root = root
         yield dep
 
 
@@ -38,24 +70,6 @@ def crash_deployment(tmp_path_factory):
 
 def _metrics(path):
     return json.loads((path / "metrics.json").read_text())
-
-
-@DEPLOYMENT
-def test_pfedla_over_tls_with_authenticated_supernodes(deployment, tmp_path):
-    assert deployment.net is not None and deployment.link_address.startswith("10.77.")
-    assert [deployment.node_status(i) for i in range(3)] == ["online"] * 3
-    config = f"method='pfedla' num-server-rounds=3 local-epochs=2 round-timeout=120 results-dir='{tmp_path}'"
-    _, status, log = deployment.submit(ROOT, config)
-    assert status == "finished:completed", log
-    doc = _metrics(tmp_path)
-    assert doc["num-clients"] == 3 and [r["round"] for r in doc["rounds"]] == [1, 2, 3]
-    for r in doc["rounds"]:
-        assert r["missing"] == [] and r["rejected"] == {} and r["bytes-down"] > 0
-        assert sorted(r["per-client-accuracy"]) == ["0", "1", "2"]
-    assert doc["rounds"][-1]["accuracy"] > doc["rounds"][0]["accuracy"]
-    # Each SuperNode saved its personal state in its own state-dir (node config).
-    for i in range(3):
-        assert list((deployment.dir / "state" / f"node{i}" / doc["lineage"]).glob("client-*/round-*.pt"))
 
 
 @DEPLOYMENT
@@ -85,6 +99,37 @@ def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
     proc = deployment.start_node(0, key=tmp_path / "rogue", name="node0-rogue")
     assert proc.wait(90) != 0
     assert "Failed to activate SuperNode" in deployment.log("node0-rogue")
+
+
+@DEPLOYMENT
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="the node folders are written from the MNIST test set")
+def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deployment, tmp_path):
+    """dataset='node', TLS and SuperNode authentication on: each SuperNode trains on its own folder
+    (other classes each), the SuperLink's view has no data at all, a fourth node whose images
+    are another size is refused by name; a pFedLA and a FedAvg run finish with every node's
+    accuracy, and each node keeps its personal state in its own state-dir. (Last of the group:
+    the fourth node stays registered.)"""
+    assert deployment.net is not None and deployment.link_address.startswith("10.77.")
+    assert [deployment.node_status(i) for i in range(3)] == ["online"] * 3
+    assert deployment.view_of_link(deployment.node_data_root) == [] and deployment.view_of_link(MNIST_DIR) == []
+    (odd,) = mnist_folders(tmp_path / "odd", [[1, 2]], size=14, per_class=20)
+    deployment.add_node(3, f'partition-id=3 num-partitions=4 data-dir="{odd}"')
+    deployment.wait_status(3, {"online"}, 120)
+    for method in ("pfedla", "fedavg"):
+        results = tmp_path / method
+        config = f"method='{method}' dataset='node' num-server-rounds=2 local-epochs=5 round-timeout=120 results-dir='{results}'"
+        _, status, log = deployment.submit(ROOT, config)
+        assert status == "finished:completed", log
+        assert "(client 3) is refused: its images are (1, 14, 14), the federation's (1, 28, 28)" in log
+        doc = _metrics(results)
+        assert doc["num-clients"] == 3 and [r["round"] for r in doc["rounds"]] == [1, 2]
+        for r in doc["rounds"]:
+            assert r["missing"] == [] and r["rejected"] == {} and r["bytes-down"] > 0
+            assert sorted(r["per-client-accuracy"]) == ["0", "1", "2"]
+        assert doc["rounds"][-1]["accuracy"] > 0.5, doc["rounds"][-1]["per-client-accuracy"]
+        assert doc["client-classes"] == {"0": [0, 1, 2, 3], "1": [4, 5, 6], "2": [7, 8, 9]}
+        for i in range(3):  # each SuperNode saved its personal state in its own state-dir (node config)
+            assert list((deployment.dir / "state" / f"node{i}" / doc["lineage"]).glob("client-*/round-*.pt"))
 
 
 @pytest.mark.xdist_group("crash")

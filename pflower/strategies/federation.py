@@ -198,7 +198,9 @@ class Federation:
                 self.data.pop(cid)
                 self._refuse(node, cid, f"its images are {shape}, the federation's {self.shape}")
         self.num_clients = min(self.num_clients, max(self.node_of) + 1)  # refused highest ids leave no empty rows
-        return self.shape, class_union(names for _, names in self.data.values())
+        union = class_union(names for _, names in self.data.values())
+        self.classes = {cid: [union.index(n) for n in names] for cid, (_, names) in self.data.items()}  # in the union's numbering
+        return self.shape, union
 
     def _register_stateless(self, node: int, nodes: set[int]) -> str | None:
         """A node without a query handler: the id of a stateless client whose node is gone (a
