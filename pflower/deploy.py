@@ -450,7 +450,22 @@ def main(argv: list[str] | None = None) -> int:
     certs.add_argument("--dir", type=Path, required=True)
     certs.add_argument("--nodes", type=int, default=3)
     certs.add_argument("--host", action="append", default=[], help="address the SuperNodes dial (repeatable)")
+    data = sub.add_parser("node-data", help="write one image folder per node from a pooled data set (for a demo of dataset='node')")
+    data.add_argument("--source", type=Path, required=True, help="IDX files (e.g. MNIST's) or an image tree with train/<class>/")
+    data.add_argument("--out", type=Path, required=True, help="writes OUT/node0, OUT/node1, ...")
+    data.add_argument("--classes", default="0-3/4-6/7-9", help="one class group per node, '/'-separated (default: %(default)s)")
+    data.add_argument("--per-class", type=int, default=200, help="images of each class per node, a quarter in test/")
     args = p.parse_args(argv)
+    if args.command == "node-data":
+        from pflower.datasets.node import parse_groups, write_node_folders
+        from pflower.datasets.sources import DataError
+
+        try:
+            dirs = write_node_folders(args.source, args.out, parse_groups(args.classes), args.per_class)
+        except (DataError, ValueError) as err:
+            p.error(str(err))
+        print(f"wrote {', '.join(map(str, dirs))}")
+        return 0
     if args.command == "down":
         down(args.dir)
         return 0

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import MNIST_DIR, ROOT, faulty_app, run_config
+from pflower.datasets.node import parse_groups, write_node_folders
 from pflower.deploy import Deployment, node_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")]
@@ -19,28 +20,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.wh
 DEPLOYMENT = pytest.mark.xdist_group("deployment")
 
 
-#: Each node's own data for dataset='node': node i's classes (written from the MNIST test set).
-NODE_CLASSES = ([0, 1, 2, 3], [4, 5, 6], [7, 8, 9])
-
-
-def mnist_folders(root, groups, size=28, per_class=80):
-    """One image tree per node from the MNIST test set: node i has the classes groups[i], a
-    quarter of each in test/."""
-    from PIL import Image
-
-    from pflower.datasets.sources import read_idx
-
-    x, y = read_idx(MNIST_DIR / "t10k-images-idx3-ubyte.gz"), read_idx(MNIST_DIR / "t10k-labels-idx1-ubyte.gz")
-    dirs = []
-    for i, classes in enumerate(groups):
-        d = root / f"node{i}"
-        for c in classes:
-            for j, k in enumerate((y == c).nonzero()[0][:per_class]):
-                split = "test" if j % 4 == 0 else "train"
-                (d / split / str(c)).mkdir(parents=True, exist_ok=True)
-                Image.fromarray(x[k]).resize((size, size)).save(d / split / str(c) / f"{j}.png")
-        dirs.append(d)
-    return dirs
+#: Each node's own data for dataset='node': node i's classes (an image tree written from the MNIST test set).
+NODE_CLASSES = parse_groups("0-3/4-6/7-9")
 
 
 def _deployment(tmp_path_factory, node_data=(), hide=()) -> Deployment:
@@ -55,7 +36,7 @@ def deployment(tmp_path_factory):
     ignore it); the SuperLink, and the ServerApp it starts, see neither those folders nor the
     shared data sets."""
     root = tmp_path_factory.mktemp("node-data")
-    dirs = mnist_folders(root, NODE_CLASSES) if MNIST_DIR.is_dir() else ()
+    dirs = write_node_folders(MNIST_DIR, root, NODE_CLASSES, per_class=80) if MNIST_DIR.is_dir() else ()
     hide = [root] + ([MNIST_DIR.parent] if MNIST_DIR.is_dir() else [])
     with _deployment(tmp_path_factory, dirs, hide) as dep:
         dep.node_data_root = root
@@ -112,7 +93,7 @@ def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deploym
     assert deployment.net is not None and deployment.link_address.startswith("10.77.")
     assert [deployment.node_status(i) for i in range(3)] == ["online"] * 3
     assert deployment.view_of_link(deployment.node_data_root) == [] and deployment.view_of_link(MNIST_DIR) == []
-    (odd,) = mnist_folders(tmp_path / "odd", [[1, 2]], size=14, per_class=20)
+    (odd,) = write_node_folders(MNIST_DIR, tmp_path / "odd", [["1", "2"]], per_class=20, image_size=14)
     deployment.add_node(3, f'partition-id=3 num-partitions=4 data-dir="{odd}"')
     deployment.wait_status(3, {"online"}, 120)
     for method in ("pfedla", "fedavg"):

@@ -78,7 +78,7 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
         if image.startswith("flwr/supernode:"):
             cfg = parse_config_args([args.node_config])
             partitions.append(cfg["partition-id"])
-            assert cfg["num-partitions"] == len(nodes) and cfg["state-dir"] == "/app/state"
+            assert cfg["num-partitions"] == len(nodes) and cfg["state-dir"] == "/app/state" and cfg["data-dir"] == "/app/data"
             assert args.superlink == "superlink:9092"
             if tls:
                 assert args.auth_supernode_private_key.endswith(f"keys/node{cfg['partition-id']}")
@@ -87,6 +87,11 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
             assert host == "superlink" or host in nodes, f"{svc_name} dials {host}"
             assert svc["build"]["dockerfile"] == "docker/Dockerfile"
     assert sorted(partitions) == list(range(len(nodes)))
+    # each node's own data is mounted read-only into its ClientApp executor only
+    data = {n: [v for v in s.get("volumes", []) if v.split(":")[1] == "/app/data"] for n, s in services.items()}
+    executors = {s["command"][s["command"].index("--runtime-api-address") + 1].split(":")[0]: n for n, s in services.items() if "--runtime-api-address" in s["command"]}
+    assert {n: v for n, v in data.items() if v} == {executors[node]: [f"./node-data/node{i}:/app/data:ro"] for i, node in enumerate(nodes)}
+    assert all(services[executors[node]]["environment"]["PFLOWER_CACHE"].startswith("/app/state/") for node in nodes)
     # one ClientApp executor per SuperNode
     dialed = sorted(s["command"][s["command"].index("--runtime-api-address") + 1] for s in services.values() if "--runtime-api-address" in s["command"])
     assert dialed == sorted(["superlink:8000", *(f"{n}:9094" for n in nodes)])

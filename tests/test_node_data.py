@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from conftest import InProcessGrid, run_config
-from pflower.datasets.node import class_union, load_node_data
+from pflower.datasets.node import class_union, load_node_data, parse_groups, write_node_folders
+from pflower.datasets.sources import DataError
 from pflower.records import from_record
 
 
@@ -33,6 +34,36 @@ def node_folders(root, groups, size=8, test_split=True):
 def test_class_union_sorts_numbers_as_numbers():
     assert class_union([["10", "2"], ["3", "2"]]) == ["2", "3", "10"]
     assert class_union([["cat", "ant"], ["bee"]]) == ["ant", "bee", "cat"]
+
+
+def test_class_groups_parse_ranges_and_names():
+    assert parse_groups("0-2/7,9") == [["0", "1", "2"], ["7", "9"]]
+    assert parse_groups("cat,dog/t-shirt") == [["cat", "dog"], ["t-shirt"]]
+    with pytest.raises(ValueError, match="group 1 is empty"):
+        parse_groups("0-3//4")
+
+
+def _idx(path, array):
+    path.write_bytes(bytes([0, 0, 8, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape) + array.tobytes())
+
+
+def test_node_folders_are_written_from_idx_files_or_an_image_tree(tmp_path, monkeypatch):
+    """IDX files name classes by label value; an image tree by folder; every 4th image of a class
+    goes to test/, a node gets only its group, and a class the source lacks is named."""
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    _idx(idx / "t10k-images-idx3-ubyte", rng.integers(0, 255, (60, 6, 6), dtype=np.uint8))
+    _idx(idx / "t10k-labels-idx1-ubyte", np.repeat(np.arange(3, 6, dtype=np.uint8), 20))
+    a, b = write_node_folders(idx, tmp_path / "from-idx", parse_groups("3-4/5"), per_class=8, image_size=12)
+    data = load_node_data({"data-dir": str(a)}, 0.3, 0)
+    assert data.names == ("3", "4") and data.shape == (1, 12, 12) and len(data.y) == 16 and int(data.test.sum()) == 4
+    assert sorted(p.name for p in (b / "train").iterdir()) == ["5"]
+    (tree,) = write_node_folders(a, tmp_path / "from-tree", [["4"]], per_class=3)
+    assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*.png")) == ["test/4/0.png", "train/4/1.png", "train/4/2.png"]
+    with pytest.raises(DataError, match=r"has no class \['7'\]; its classes: 3, 4, 5"):
+        write_node_folders(idx, tmp_path / "x", [["3", "7"]])
 
 
 def test_a_node_reads_its_folder_and_numbers_its_labels_by_the_federations_classes(tmp_path, monkeypatch):

@@ -104,3 +104,55 @@ def load_node_data(node_config: Mapping[str, Any], test_fraction: float, seed: i
     if fmt not in FORMATS:
         raise ValueError(f"node config 'format' = {fmt!r}: must be one of {', '.join(FORMATS)}")
     return _load(str(Path(data_dir).expanduser().resolve()), fmt, int(node_config.get("image-size", 0)), test_fraction, seed)
+
+
+def parse_groups(text: str) -> list[list[str]]:
+    """``"0-3/4-6/7-9"`` or ``"cat,dog/ship"``: one class group per node, ``a-b`` a range of whole numbers."""
+    groups = []
+    for part in text.split("/"):
+        names: list[str] = []
+        for item in filter(None, (s.strip() for s in part.split(","))):
+            lo, _, hi = item.partition("-")
+            names += [str(v) for v in range(int(lo), int(hi) + 1)] if lo.isdigit() and hi.isdigit() else [item]
+        if not names:
+            raise ValueError(f"class groups {text!r}: group {len(groups)} is empty")
+        groups.append(names)
+    return groups
+
+
+def write_node_folders(source: Path, out: Path, groups: Sequence[Sequence[str]], per_class: int = 200,
+                       test_every: int = 4, image_size: int = 0) -> list[Path]:  # fmt: skip
+    """Write one image tree per node (``out/node<i>/{train,test}/<class>/*.png``, every
+    ``test_every``-th image of a class in ``test/``) holding ``per_class`` images of each class
+    in ``groups[i]``, taken from a pooled source: IDX files (MNIST-like, classes named by label
+    value) or an image tree (class folder names). For demos and tests of ``dataset='node'``."""
+    from PIL import Image
+
+    from pflower.datasets.folder import FolderError, is_image_folder, load_folder
+    from pflower.datasets.sources import _idx_pairs, read_idx
+
+    if pairs := _idx_pairs(source, ""):
+        x = np.concatenate([read_idx(img) for img, _ in pairs])[:, None]
+        labels = np.concatenate([read_idx(lbl) for _, lbl in pairs])
+        values = np.unique(labels)
+        y, names = np.searchsorted(values, labels), [str(v) for v in values]
+    elif is_image_folder(source):
+        try:
+            x, y, names = load_folder(source)
+        except FolderError as err:
+            raise DataError(str(err)) from None
+    else:
+        raise DataError(f"{source} has neither IDX files (train-images-idx3-ubyte...) nor train/<class>/ image folders")
+    if unknown := sorted({c for g in groups for c in g} - set(names)):
+        raise DataError(f"{source} has no class {unknown[:5]}; its classes: {', '.join(list(names)[:20])}")
+    dirs = []
+    for i, group in enumerate(groups):
+        node = out / f"node{i}"
+        for c in group:
+            for j, k in enumerate(np.flatnonzero(y == list(names).index(c))[:per_class]):
+                folder = node / ("test" if j % test_every == 0 else "train") / c
+                folder.mkdir(parents=True, exist_ok=True)
+                img = Image.fromarray(x[k].transpose(1, 2, 0).squeeze(-1) if x.shape[1] == 1 else x[k].transpose(1, 2, 0))
+                (img.resize((image_size, image_size)) if image_size else img).save(folder / f"{j}.png")
+        dirs.append(node)
+    return dirs
