@@ -162,12 +162,15 @@ def markdown(grid: dict, rows: list[dict[str, Any]]) -> str:
 def report(suite_name: str, suite: dict, runs: list[Run], results: Path, readme: Path | None) -> str:
     """Tables (Markdown, CSV) and figures per grid; the Markdown of the whole suite."""
     out_dir = results / suite_name
+    out_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     with open(out_dir / "table.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["grid", "method", "seeds", "accuracy-mean", "accuracy-std", "weighted-mean", "global-mean", "mib", "wall-s"])
         for grid in suite["grid"]:
             rows = grid_rows([r for r in runs if r.grid == grid["name"]], results, suite_name)
+            if not rows:
+                continue
             for r in rows:
                 acc = np.array(r["accuracy"])
                 writer.writerow([grid["name"], r["method"], r["seeds"], f"{acc.mean():.4f}", f"{acc.std(ddof=1) if len(acc) > 1 else 0:.4f}",
@@ -195,11 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--file", type=Path, default=ROOT / "bench" / "suites.toml", help="suite file (default: bench/suites.toml)")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where run results go (default: bench/results)")
     p.add_argument("--readme", type=Path, help="replace the suite's block in this README with the tables")
-    p.add_argument("--report-only", action="store_true", help="build tables and figures from finished runs only")
+    p.add_argument("--report-only", action="store_true", help="build tables and figures from the runs finished so far (the seeds column says how many)")
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite)
     results = args.results.resolve()
-    if not args.report_only:
+    if args.report_only:
+        runs = [r for r in runs if finished(r.directory(results, args.suite), int(r.config.get("num-server-rounds", 20)))]
+    else:
         execute(runs, results, args.suite)
     print(report(args.suite, suite, runs, results, args.readme))
     return 0

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pflower.bench import execute, load_suite, ordering_sentence, report
+from pflower.bench import execute, load_suite, main, ordering_sentence, report
 
 SUITE = """
 [tiny]
@@ -37,6 +37,28 @@ def test_ordering_sentence():
     assert ordering_sentence(rows, ["c", "a", "b"]) == "Our ordering (c > a > b) agrees with the paper's."
     assert ordering_sentence(rows, ["a", "c"]) == "Our ordering (c > a) differs from the paper's (a > c)."
     assert ordering_sentence(rows, ["a"]) == ""
+
+
+def _fake_run(directory, accuracy, rounds=1):
+    directory.mkdir(parents=True)
+    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20}
+    steps = [{"round": k + 1, "accuracy": accuracy, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20} for k in range(rounds)]
+    (directory / "metrics.json").write_text(json.dumps({"final": final, "rounds": steps}))
+    (directory / "bench.json").write_text(json.dumps({"wall-seconds": 10.0, "clients": 3}))
+
+
+def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
+    """A suite half run: the table has the finished runs (the seeds column says how many), no
+    row for a method with none, and an unfinished run (fewer rounds, no bench.json) is left out."""
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results = tmp_path / "results"
+    _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
+    _fake_run(results / "tiny" / "g" / "local" / "seed1", 0.7)
+    (results / "tiny" / "g" / "fedavg-slow" / "seed0").mkdir(parents=True)  # started, not finished
+    assert main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert "| local | 0.6000 ± 0.1414 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
+    assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
 
 
 @pytest.mark.e2e
