@@ -144,12 +144,12 @@ def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str
 
 def markdown(grid: dict, rows: list[dict[str, Any]]) -> str:
     has_global = all("global-accuracy" in r for r in rows)
-    head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else []) + ["MiB (down + up)", "wall s"]
+    head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else []) + ["MiB (down + up)", "wall s", "seeds"]
     lines = [f"#### {grid.get('title', grid['name'])}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [r["method"], _mean_std(r["accuracy"]), _mean_std(r["weighted-accuracy"])]
         cells += [_mean_std(r["global-accuracy"])] if has_global else []
-        cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}"]
+        cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", str(r["seeds"])]
         lines.append("| " + " | ".join(cells) + " |")
     paper = grid.get("paper", {})
     if paper.get("text"):

@@ -57,7 +57,7 @@ def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
     (results / "tiny" / "g" / "fedavg-slow" / "seed0").mkdir(parents=True)  # started, not finished
     assert main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--report-only"]) == 0
     out = capsys.readouterr().out
-    assert "| local | 0.6000 ± 0.1414 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
+    assert "| local | 0.6000 ± 0.1414 | 0.6000 ± 0.1414 | 2.0 | 10 | 2 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
 
 
