@@ -21,7 +21,9 @@ from pflower.methods import MethodParams, declarations
 
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder", "node"]
 Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
-ModelName = Literal["auto", "cnn", "cnn-bn", "mlp"]
+ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2"]
+#: The smallest image side a model takes (its valid convolutions and pools leave nothing below).
+MODEL_MIN_SIZE = {"lenet": 16, "lenet-bn": 16, "twocnn": 4, "cnn2": 8}
 Aggregation = Literal["mean", "median", "trimmed-mean"]
 LabelNoise = Literal["none", "pair", "symmetric"]
 TestMode = Literal["local", "global", "both"]
@@ -219,6 +221,9 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
     if s.partition == "label-groups" and s.label_groups > c:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
+    side = min(s.image_shape[1:])
+    if side < MODEL_MIN_SIZE.get(s.model, 0):
+        problems.append(("model", s.model, f"needs images of at least {MODEL_MIN_SIZE[s.model]}x{MODEL_MIN_SIZE[s.model]} ({s.dataset}'s are {side}x{side})"))
     if s.image_size and not s.reads_folder and not s.node_data:
         problems.append(("image-size", s.image_size, "only for image folders (dataset 'imagefolder', or CIFAR given as a folder tree)"))
     if s.samples_per_client and s.partition not in ("pathological", "dominant"):

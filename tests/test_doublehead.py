@@ -10,7 +10,7 @@ from conftest import run_config
 from pflower.client_app.app import PERSONAL
 from pflower.config import ConfigError, load_settings
 from pflower.methods import build_strategy, client_method
-from pflower.models import DoubleHead, build_model, communicable_keys, keys_under
+from pflower.models import DoubleHead, build_model, communicable_keys, keys_under, layers
 from pflower.models.doublehead import combine, predict
 from pflower.plots import compare_main
 from pflower.records import from_record, to_record
@@ -55,6 +55,21 @@ def test_every_model_family_gets_a_double_head(name):
     assert keys_under(model, "local_head") and not set(keys_under(model, "local_head")) & set(keys)
     assert set(keys) | set(keys_under(model, "local_head")) == set(communicable_keys(model))
     assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_classifier_heads_duplicate_the_whole_fully_connected_stack():
+    """doublehead.heads='classifier' (the paper's split): the base is the convolutions, each
+    head every Linear of the model, the local one freshly initialized; 'last' only the last."""
+    settings = load_settings(run_config(method="doublehead", model="twocnn", doublehead__heads="classifier"))
+    model = build_model(settings, settings.image_shape, settings.num_classes, 0)
+    assert [l.name for l in layers(model)] == ["body.0", "body.3", "head.0", "head.2", "local_head.0", "local_head.2"]
+    assert [tuple(model.local_head[i].weight.shape) for i in (0, 2)] == [(512, 256), (10, 512)]
+    assert not torch.equal(model.head[0].weight, model.local_head[0].weight)
+    assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    last = build_model(load_settings(run_config(method="doublehead", model="twocnn")), settings.image_shape, 10, 0)
+    assert [l.name for l in layers(last)][-2:] == ["head", "local_head"]
+    with pytest.raises(ConfigError, match="doublehead.heads"):
+        load_settings(run_config(method="doublehead", doublehead__heads="all"))
 
 
 def test_sharing_units_are_layers_shallow_to_deep_with_their_buffers():

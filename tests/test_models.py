@@ -15,6 +15,39 @@ def test_forward_shapes(dataset, shape, model):
     assert net(torch.randn(4, *shape)).shape == (4, 10)
 
 
+def _settings(model):
+    """Settings naming ``model`` (checked against the builder's shape, not the default data set's)."""
+    return load_settings({}).model_copy(update={"model": model})
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+@pytest.mark.parametrize("model", ["lenet", "lenet-bn", "twocnn", "cnn2"])
+def test_the_papers_models_on_their_data_sets(model, shape):
+    net = build_model(_settings(model), shape, 10, seed=0)
+    assert net(torch.randn(4, *shape)).shape == (4, 10)
+
+
+def test_the_papers_models_layers_and_sizes():
+    """Each paper's layers in its order, with the widths the papers give (CIFAR-10 shapes)."""
+    shapes = lambda net: [(l.name, tuple(dict(net.named_parameters())[l.keys[0]].shape)) for l in layers(net)]  # noqa: E731
+    lenet = build_model(_settings("lenet-bn"), (3, 32, 32), 10, seed=0)
+    assert shapes(lenet) == [("body.0", (16, 3, 5, 5)), ("body.1", (16,)), ("body.4", (32, 16, 5, 5)), ("body.5", (32,)),
+                             ("body.9", (120, 800)), ("body.11", (84, 120)), ("head", (10, 84))]  # fmt: skip
+    two = build_model(_settings("twocnn"), (3, 32, 32), 10, seed=0)
+    assert shapes(two) == [("body.0", (32, 3, 5, 5)), ("body.3", (64, 32, 5, 5)), ("body.7", (512, 4096)), ("head", (10, 512))]
+    cnn2 = build_model(_settings("cnn2"), (3, 32, 32), 10, seed=0)
+    assert shapes(cnn2) == [("body.0", (128, 3, 3, 3)), ("body.3", (128, 128, 3, 3)), ("body.6", (128, 128, 3, 3)), ("head", (10, 2048))]
+
+
+def test_a_model_too_big_for_the_images_is_refused_by_name():
+    from pflower.config import ConfigError
+
+    with pytest.raises(ConfigError, match="run config key 'model' = 'lenet' is not allowed: needs images of at least 16x16 \\(digits's are 8x8\\)"):
+        load_settings({"model": "lenet", "dataset": "digits"})
+    with pytest.raises(ValueError, match="model='cnn2' needs images of at least 8x8, not 4x4"):
+        build_model(load_settings({"model": "cnn2"}), (1, 4, 4), 10, seed=0)
+
+
 def test_same_seed_same_weights():
     s = load_settings({})
     a, b, c = (build_model(s, (1, 28, 28), 10, seed) for seed in (1, 1, 2))

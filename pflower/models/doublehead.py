@@ -31,14 +31,28 @@ def predict(global_logits: torch.Tensor, local_logits: torch.Tensor) -> torch.Te
     return both.argmax(1) % global_logits.shape[1]
 
 
-class DoubleHead(nn.Module):
-    """``body`` -> (``head``, ``local_head``); the local head starts from a fresh initialization."""
+def split_classifier(base: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(features, classifier): the model's ``body`` up to its first Linear, and every layer from
+    there through ``head`` (the paper's split: the whole fully connected stack is a head)."""
+    body = list(base.body)
+    first = next((i for i, m in enumerate(body) if isinstance(m, nn.Linear)), len(body))
+    return nn.Sequential(*body[:first]), nn.Sequential(*body[first:], base.head)
 
-    def __init__(self, base: nn.Module):
+
+class DoubleHead(nn.Module):
+    """``body`` -> (``head``, ``local_head``); the local head starts from a fresh initialization.
+
+    ``heads='last'``: the heads are the model's last Linear; ``'classifier'``: every fully
+    connected layer (:func:`split_classifier`), the base being the convolutional part.
+    """
+
+    def __init__(self, base: nn.Module, heads: str = "last"):
         super().__init__()
-        self.body = base.body
-        self.head = base.head
-        self.local_head = copy.deepcopy(base.head)
+        if heads == "classifier":
+            self.body, self.head = split_classifier(base)
+        else:
+            self.body, self.head = base.body, base.head
+        self.local_head = copy.deepcopy(self.head)
         for module in self.local_head.modules():
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
