@@ -6,6 +6,12 @@ import torch
 from torch import nn
 
 
+def flat_features(features: nn.Module, channels: int, size: int) -> int:
+    """Width of ``features``' output for one ``channels`` x ``size`` x ``size`` image."""
+    with torch.no_grad():
+        return features(torch.zeros(1, channels, size, size)).shape[1]
+
+
 class CNN(nn.Module):
     """Two conv blocks and two linear layers; ``body`` is shared, ``head`` is the classifier.
 
@@ -24,9 +30,7 @@ class CNN(nn.Module):
             return layers + [nn.ReLU(), nn.MaxPool2d(2)]
 
         features = nn.Sequential(*block(in_channels, width), *block(width, 2 * width), nn.Flatten())
-        with torch.no_grad():
-            flat = features(torch.zeros(1, in_channels, image_size, image_size)).shape[1]
-        self.body = nn.Sequential(*features, nn.Linear(flat, 128), nn.ReLU())
+        self.body = nn.Sequential(*features, nn.Linear(flat_features(features, in_channels, image_size), 128), nn.ReLU())
         self.head = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

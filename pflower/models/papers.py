@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-def _flat(features: nn.Module, channels: int, size: int) -> int:
-    with torch.no_grad():
-        return features(torch.zeros(1, channels, size, size)).shape[1]
+from pflower.models.cnn import flat_features
 
 
 class LeNet(nn.Module):
@@ -27,7 +24,7 @@ class LeNet(nn.Module):
             return [nn.Conv2d(cin, cout, 5), *([nn.BatchNorm2d(cout)] if batch_norm else []), nn.ReLU(), nn.MaxPool2d(2)]
 
         features = nn.Sequential(*block(in_channels, 16), *block(16, 32), nn.Flatten())
-        flat = _flat(features, in_channels, image_size)
+        flat = flat_features(features, in_channels, image_size)
         self.body = nn.Sequential(*features, nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
         self.head = nn.Linear(84, num_classes)
 
@@ -43,7 +40,7 @@ class TwoCNN(nn.Module):
         super().__init__()
         features = nn.Sequential(nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                                  nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())  # fmt: skip
-        self.body = nn.Sequential(*features, nn.Linear(_flat(features, in_channels, image_size), 512), nn.ReLU())
+        self.body = nn.Sequential(*features, nn.Linear(flat_features(features, in_channels, image_size), 512), nn.ReLU())
         self.head = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +57,7 @@ class CNN2(nn.Module):
         for cin in (in_channels, 128, 128):
             stages += [nn.Conv2d(cin, 128, 3, padding=1), nn.MaxPool2d(2), nn.ReLU()]
         self.body = nn.Sequential(*stages, nn.Flatten())
-        self.head = nn.Linear(_flat(self.body, in_channels, image_size), num_classes)
+        self.head = nn.Linear(flat_features(self.body, in_channels, image_size), num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
