@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from flwr.common.config import flatten_dict
 
+from pflower.config import ConfigError, load_settings
 from pflower.launcher import simulation_superlink, submit
 from pflower.plots import plot_comparison, plot_mean_accuracy
 
@@ -83,10 +84,15 @@ def finished(directory: Path, rounds: int) -> bool:
 def execute(runs: list[Run], results: Path, suite: str) -> None:
     """Run what is not finished on one private simulation SuperLink."""
     todo = [r for r in runs if not finished(r.directory(results, suite), int(r.config.get("num-server-rounds", 20)))]
+    for run in todo:  # every run's config is checked before the first one starts
+        try:
+            load_settings(dict(run.config))
+        except ConfigError as err:
+            raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed}: {err}") from None
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; running {len(todo)}", flush=True)
     if not todo:
         return
-    home = results / ".flwr-home"
+    home = results / suite / ".flwr-home"  # per suite: two suites may run at once
     with simulation_superlink(home):
         for k, run in enumerate(todo, 1):
             d = run.directory(results, suite)
@@ -126,6 +132,8 @@ def grid_rows(runs: list[Run], results: Path, suite: str) -> list[dict[str, Any]
         }
         if all("global-accuracy" in f for f in final):
             row["global-accuracy"] = [f["global-accuracy"] for f in final]
+        if all("oracle-accuracy" in f for f in final):
+            row["oracle-accuracy"] = [f["oracle-accuracy"] for f in final]
         rows.append(row)
     return rows
 
@@ -144,11 +152,14 @@ def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str
 
 def markdown(grid: dict, rows: list[dict[str, Any]]) -> str:
     has_global = all("global-accuracy" in r for r in rows)
-    head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else []) + ["MiB (down + up)", "wall s", "seeds"]
+    has_oracle = any("oracle-accuracy" in r for r in rows)
+    head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else [])
+    head += (["acc. at test-chosen λ"] if has_oracle else []) + ["MiB (down + up)", "wall s", "seeds"]
     lines = [f"#### {grid.get('title', grid['name'])}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         cells = [r["method"], _mean_std(r["accuracy"]), _mean_std(r["weighted-accuracy"])]
         cells += [_mean_std(r["global-accuracy"])] if has_global else []
+        cells += [_mean_std(r["oracle-accuracy"]) if "oracle-accuracy" in r else "—"] if has_oracle else []
         cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", str(r["seeds"])]
         lines.append("| " + " | ".join(cells) + " |")
     paper = grid.get("paper", {})

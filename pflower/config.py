@@ -72,6 +72,7 @@ class Settings(BaseModel):
     dominant_classes: int = Field(2, ge=1)
     dominant_fraction: float = Field(0.8, gt=0, lt=1)
     label_groups: int = Field(2, ge=1)
+    group_assignment: Literal["balanced", "random"] = "balanced"
     samples_per_client: int = Field(0, ge=0)
     test_fraction: float = Field(0.3, gt=0, lt=1)
     label_noise: LabelNoise = "none"
@@ -88,6 +89,7 @@ class Settings(BaseModel):
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(0.0, ge=0, lt=1)
     seed: int = Field(0, ge=0)
     results_dir: str = "results"
     resume_from: str = ""
@@ -221,13 +223,15 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("dominant-classes", s.dominant_classes, f"must be < {c} ({s.dataset} classes)"))
     if s.partition == "label-groups" and s.label_groups > c:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
+    if s.group_assignment != "balanced" and s.partition != "label-groups":
+        problems.append(("group-assignment", s.group_assignment, "only for partition 'label-groups'"))
     side = min(s.image_shape[1:])
     if side < MODEL_MIN_SIZE.get(s.model, 0):
         problems.append(("model", s.model, f"needs images of at least {MODEL_MIN_SIZE[s.model]}x{MODEL_MIN_SIZE[s.model]} ({s.dataset}'s are {side}x{side})"))
     if s.image_size and not s.reads_folder and not s.node_data:
         problems.append(("image-size", s.image_size, "only for image folders (dataset 'imagefolder', or CIFAR given as a folder tree)"))
-    if s.samples_per_client and s.partition not in ("pathological", "dominant"):
-        problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological' or 'dominant' (0: use the whole pool)"))
+    if s.samples_per_client and s.partition not in ("pathological", "dominant", "label-groups"):
+        problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological', 'dominant' or 'label-groups' (0: use the whole pool)"))
     if s.partition == "pathological" and 0 < s.samples_per_client < s.classes_per_client:
         problems.append(("samples-per-client", s.samples_per_client, f"must be >= classes-per-client={s.classes_per_client} (or 0)"))
     if s.finetune_epochs and method.no_finetune:

@@ -73,6 +73,7 @@ class Recorder:
                 "weighted-accuracy": last.get("weighted-accuracy"),
                 "per-client-accuracy": last.get("per-client-accuracy", {}),
                 **({"global-accuracy": last["global-accuracy"]} if "global-accuracy" in last else {}),
+                **({"oracle-accuracy": last["oracle-accuracy"]} if "oracle-accuracy" in last else {}),
                 "bytes-down": sum(r["bytes-down"] for r in self.rounds),
                 "bytes-up": sum(r["bytes-up"] for r in self.rounds),
             },

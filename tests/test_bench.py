@@ -39,9 +39,17 @@ def test_ordering_sentence():
     assert ordering_sentence(rows, ["a"]) == ""
 
 
-def _fake_run(directory, accuracy, rounds=1):
+def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
+    (tmp_path / "suites.toml").write_text(SUITE.replace('lr = 0.01 }', 'lr = 0.01, fedprox.mu = 0.1 }'))
+    _, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    with pytest.raises(SystemExit, match="run g/fedavg-slow/seed0: .*'fedprox.mu' = 0.1 is not allowed: belongs to method 'fedprox'"):
+        execute(runs, tmp_path / "results", "tiny")
+    assert not (tmp_path / "results" / "tiny").exists()
+
+
+def _fake_run(directory, accuracy, rounds=1, **extra):
     directory.mkdir(parents=True)
-    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20}
+    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20, **extra}
     steps = [{"round": k + 1, "accuracy": accuracy, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20} for k in range(rounds)]
     (directory / "metrics.json").write_text(json.dumps({"final": final, "rounds": steps}))
     (directory / "bench.json").write_text(json.dumps({"wall-seconds": 10.0, "clients": 3}))
@@ -59,6 +67,19 @@ def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| local | 0.6000 ± 0.1414 | 0.6000 ± 0.1414 | 2.0 | 10 | 2 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
+
+
+def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, capsys):
+    """SuPerFed's accuracy at the λ chosen on the test split (the paper's protocol) gets its own
+    column; methods without one show a dash."""
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results = tmp_path / "results"
+    _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
+    _fake_run(results / "tiny" / "g" / "fedavg-slow" / "seed0", 0.6, **{"oracle-accuracy": 0.75})
+    main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--report-only"])
+    out = capsys.readouterr().out
+    assert "| method | final mean acc. | weighted acc. | acc. at test-chosen λ | MiB (down + up) | wall s | seeds |" in out
+    assert "| local | 0.5000 | 0.5000 | — | 2.0 | 10 | 1 |" in out and "| fedavg-slow | 0.6000 | 0.6000 | 0.7500 | 2.0 | 10 | 1 |" in out
 
 
 @pytest.mark.e2e

@@ -91,8 +91,12 @@ def test_cross_key_rules():
         load_settings(run_config(partition="label-groups", label_groups=11))
     with pytest.raises(ConfigError, match="'dominant-classes' = 10"):
         load_settings(run_config(partition="dominant", dominant_classes=10))
-    with pytest.raises(ConfigError, match="'samples-per-client' = 100 .* only for partition 'pathological' or 'dominant'"):
+    with pytest.raises(ConfigError, match="'samples-per-client' = 100 .* only for partition 'pathological', 'dominant' or 'label-groups'"):
         load_settings(run_config(partition="dirichlet", samples_per_client=100))
+    with pytest.raises(ConfigError, match="'group-assignment' = 'random' .* only for partition 'label-groups'"):
+        load_settings(run_config(group_assignment="random"))
+    with pytest.raises(ConfigError, match="'lr-decay' = 1.0"):
+        load_settings(run_config(lr_decay=1.0))
     with pytest.raises(ConfigError, match="'samples-per-client' = 3 .* >= classes-per-client=4"):
         load_settings(run_config(samples_per_client=3))
     with pytest.raises(ConfigError, match="'finetune-epochs' = 1 .* must be 0 for 'superfed': its prediction is a line of models"):

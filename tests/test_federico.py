@@ -5,13 +5,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from flwr.app import Array, ArrayRecord, MessageType
 from flwr.app import RecordDict
 
 from conftest import run_config
 from pflower.records import from_record, to_record
-from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, track
+from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, e_step_loss, track
 from pflower.config import load_settings
+from pflower.datasets import Split
 from pflower.methods import build_strategy
 from pflower.overlay import View
 from pflower.strategies.federico import RELAY, FedericoRelay
@@ -91,6 +93,21 @@ def test_weights_are_softmax_of_minus_the_tracked_ema_losses():
     w = collaboration_weights(losses)
     expected = torch.softmax(-torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64), 0)
     assert list(w) == [0, 2, 5] and np.allclose(list(w.values()), expected.numpy())
+
+
+def test_the_e_step_loss_is_the_mean_per_sample_so_weights_do_not_scale_with_data_size():
+    """Duplicating a client's data leaves its E-step losses, hence its weights, unchanged (the
+    sum would double the gap between two models and square their weight ratio)."""
+    torch.manual_seed(0)
+    data = Split(torch.randn(40, 1, 8, 8), torch.randint(0, 10, (40,)))
+    twice = Split(torch.cat([data.x, data.x]), torch.cat([data.y, data.y]))
+    models = [nn.Sequential(nn.Flatten(), nn.Linear(64, 10)) for _ in range(2)]
+    once = {j: e_step_loss(m, data) for j, m in enumerate(models)}
+    doubled = {j: e_step_loss(m, twice) for j, m in enumerate(models)}
+    assert doubled == pytest.approx(once)
+    w = collaboration_weights(once)
+    assert w[0] / w[1] == pytest.approx(np.exp(once[1] - once[0]))
+    assert collaboration_weights(doubled) == pytest.approx(w)
 
 
 def test_epsilon_zero_picks_the_top_weight_peers():

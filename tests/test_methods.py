@@ -93,6 +93,26 @@ def test_fedrep_trains_head_then_body(monkeypatch, grid_factory, tmp_path):
     assert len(body_call[0]) == 6
 
 
+@pytest.mark.parametrize("method", ["fedavg", "fedrep"])
+def test_lr_decays_by_round_through_the_client_app(monkeypatch, grid_factory, tmp_path, method):
+    """lr-decay: round r trains at lr * (1 - lr-decay) ** (r - 1), every training call of the method."""
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method=method, lr=0.1, lr_decay=0.2)
+    lrs = []
+    real = training.train
+
+    def spy(model, data, **kw):
+        lrs.append(kw["lr"])
+        return real(model, data, **kw)
+
+    monkeypatch.setattr("pflower.client_app.base.train", spy)
+    _train_round(strategy, grid, rnd=1)
+    first = list(lrs)
+    lrs.clear()
+    _train_round(strategy, grid, rnd=3)
+    assert first == pytest.approx([0.1] * len(first)) and len(first) >= N
+    assert lrs == pytest.approx([0.1 * 0.8**2] * len(first))
+
+
 def test_fedprox_stays_closer_to_the_global_model(grid_factory, tmp_path):
     dist = {}
     for mu in (0.0, 5.0):

@@ -93,12 +93,41 @@ def test_label_groups_disjoint_label_sets(groups):
                 assert set(np.unique(LABELS[parts[i]])) == set(np.unique(LABELS[parts[j]]))
 
 
+def test_label_groups_random_assignment_draws_each_client_a_group():
+    """'random' (FedeRiCo's): groups of unequal sizes occur, and an empty group's classes go unused."""
+    sizes, empty = set(), 0
+    for seed in range(40):
+        parts, group_of = P.label_groups(LABELS, 8, 4, seed=seed, assignment="random")
+        _assert_disjoint(parts)
+        counts = np.bincount(group_of, minlength=4)
+        sizes.add(tuple(sorted(counts)))
+        used = set(np.unique(LABELS[np.concatenate(parts)]).tolist())
+        assert len(used) == sum(size for size, n in zip([3, 3, 2, 2], counts) if n)  # groups of 3, 3, 2, 2 classes
+        empty += int((counts == 0).any())
+        for i in range(8):
+            for j in range(8):
+                if group_of[i] == group_of[j]:
+                    assert set(np.unique(LABELS[parts[i]])) == set(np.unique(LABELS[parts[j]]))
+    assert len(sizes) > 3 and 0 < empty < 40
+
+
+def test_label_groups_samples_per_client_equal_per_class():
+    parts, group_of = P.label_groups(LABELS, 8, 2, seed=1, samples_per_client=101)
+    _assert_disjoint(parts)
+    for p in parts:
+        counts = np.bincount(LABELS[p], minlength=10)
+        assert len(p) == 101 and sorted(counts[counts > 0].tolist()) == [20, 20, 20, 20, 21]
+    with pytest.raises(PartitionError, match="samples-per-client=400 needs 80 samples per class.* has 75; the most is 375"):
+        P.label_groups(LABELS, 8, 2, seed=1, samples_per_client=400)
+
+
 @pytest.mark.parametrize("fn", [
     lambda s: P.pathological(LABELS, 10, 4, s),
     lambda s: P.dominant(LABELS, 10, 2, 0.8, s),
     lambda s: P.dirichlet(LABELS, 10, 0.5, s),
     lambda s: P.iid(LABELS, 10, s),
     lambda s: P.label_groups(LABELS, 10, 3, s)[0],
+    lambda s: P.label_groups(LABELS, 10, 3, s, samples_per_client=50, assignment="random")[0],
 ])
 def test_deterministic_for_a_seed(fn):
     a, b, c = fn(5), fn(5), fn(6)

@@ -227,6 +227,7 @@ def train(msg: Message, context: Context) -> Message:
     model = rt.personal_model(context, msg)
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
+    rt.method.start_round(_round(msg))
     extra = rt.method.before_fit(model, rt.train, msg.content, _round(msg))
     loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)), _round(msg))
     rt.save(context, msg)
@@ -245,6 +246,7 @@ def evaluate_(msg: Message, context: Context) -> Message:
     trained = PERSONAL in context.state
     model.load_state_dict(_received(msg, model), strict=False)
     if epochs := rt.method.finetune_epochs:
+        rt.method.start_round(_round(msg))
         rt.method.finetune(model, rt.train, rt.seed(_round(msg), stream=1), epochs)
     metrics = rt.evaluate(rt.method.predictor(model, context.state), trained, _config(msg))
     reply = MetricRecord({**metrics, **rt.method.report(context.state), "client-id": rt.client_id})
@@ -262,6 +264,7 @@ def relay(msg: Message, context: Context) -> Message:
     rt = runtime(context, msg)
     model = rt.personal_model(context, msg)
     phase = str(_config(msg).get("phase", ""))
+    rt.method.start_round(_round(msg))
     out = rt.method.relay_step(phase, model, rt.train, msg.content, context.state, rt.client_id, rt.num_clients, _round(msg))
     if phase == rt.method.LAST_STEP:
         rt.save(context, msg)

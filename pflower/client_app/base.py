@@ -32,6 +32,12 @@ class ClientMethod:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        #: The step-size factor of the round at hand, (1 - ``lr-decay``) ** (round - 1).
+        self.lr_factor = 1.0
+
+    def start_round(self, server_round: int) -> None:
+        """Called by the ClientApp before a message's training: sets the round's step-size factor."""
+        self.lr_factor = (1.0 - self.settings.lr_decay) ** max(server_round - 1, 0)
 
     @property
     def finetune_epochs(self) -> int:
@@ -85,14 +91,15 @@ class ClientMethod:
         self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy,
         lr: float | None = None, batch_size: int | None = None,
     ) -> float:  # fmt: skip
-        """The one training loop with the run's optimizer settings (``lr``, ``batch_size``: another value)."""
+        """The one training loop with the run's optimizer settings (``lr``, ``batch_size``: another
+        value); the step size decays with the round (``lr-decay``)."""
         s = self.settings
         return train(
             model,
             data,
             epochs=epochs,
             batch_size=batch_size or s.batch_size,
-            lr=lr or s.lr,
+            lr=(lr or s.lr) * self.lr_factor,
             momentum=s.momentum,
             optimizer=s.optimizer,
             weight_decay=s.weight_decay,

@@ -57,7 +57,7 @@ def partition_indices(labels: np.ndarray, num_clients: int, s: Settings) -> tupl
         return P.pathological(labels, num_clients, s.classes_per_client, s.seed, s.samples_per_client), None
     if s.partition == "dominant":
         return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.seed, s.samples_per_client), None
-    return P.label_groups(labels, num_clients, s.label_groups, s.seed)
+    return P.label_groups(labels, num_clients, s.label_groups, s.seed, s.samples_per_client, s.group_assignment)
 
 
 @lru_cache(maxsize=8)

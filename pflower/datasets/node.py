@@ -25,7 +25,7 @@ import torch
 
 from pflower.datasets.federated import Split
 from pflower.datasets.partition import train_test_split
-from pflower.datasets.sources import DataError, _normalize
+from pflower.datasets.sources import DataError, _normalize, _unit
 
 #: The config key of the federation's class names, sent with every message (both sides use it).
 CLASS_NAMES = "class-names"
@@ -78,7 +78,7 @@ def _load(data_dir: str, fmt: str, image_size: int, test_fraction: float, seed: 
             n_train, n_test = split_sizes(root)
         except FolderError as err:
             raise DataError(str(err)) from None
-        x = _normalize(raw.astype(np.float32) / 255.0)
+        x = _normalize(_unit(raw))
         y = torch.from_numpy(labels)
         test = torch.arange(len(y)) >= n_train if n_test else None
     else:

@@ -199,17 +199,25 @@ def dominant(
             for i in range(num_clients)]  # fmt: skip
 
 
-def label_groups(labels: np.ndarray, num_clients: int, groups: int, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+def label_groups(
+    labels: np.ndarray, num_clients: int, groups: int, seed: int, samples_per_client: int = 0, assignment: str = "balanced"
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Labels split into ``groups`` disjoint sets; client i draws from group ``group_of[i]``.
 
-    Clients are assigned to groups round-robin over a random order, and each group's samples
-    are shared equally among its clients (the FedeRiCo setting). Returns (parts, group_of).
+    ``assignment`` 'balanced': clients go to groups round-robin over a random order; 'random':
+    each client draws its group uniformly (FedeRiCo's "each client samples from one
+    distribution"; a group may get no client, and its classes are then unused). Each group's
+    samples are shared equally among its clients, or with ``samples_per_client`` > 0 every client
+    keeps that many of its share, equal per class (within one). Returns (parts, group_of).
     """
     rng = np.random.default_rng(seed)
     pools = _class_pools(labels, rng)
     class_groups = np.array_split(rng.permutation(len(pools)), groups)
-    group_of = np.empty(num_clients, dtype=np.int64)
-    group_of[rng.permutation(num_clients)] = np.arange(num_clients) % groups
+    if assignment == "random":
+        group_of = rng.integers(groups, size=num_clients)
+    else:
+        group_of = np.empty(num_clients, dtype=np.int64)
+        group_of[rng.permutation(num_clients)] = np.arange(num_clients) % groups
     props = np.zeros((num_clients, len(pools)))
     for g, classes in enumerate(class_groups):
         members = np.flatnonzero(group_of == g)
@@ -222,7 +230,23 @@ def label_groups(labels: np.ndarray, num_clients: int, groups: int, seed: int) -
     if unused.any():
         dropped = np.isin(labels, np.flatnonzero(unused))
         parts = [p[~dropped[p]] for p in parts]
+    if samples_per_client:
+        parts = [_class_balanced_subset(p, labels, samples_per_client, rng) for p in parts]
     return parts, group_of
+
+
+def _class_balanced_subset(part: np.ndarray, labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` indices of ``part``, equal per class (within one), at random within a class."""
+    classes = np.unique(labels[part])
+    counts = _largest_remainder(np.full((1, len(classes)), 1 / len(classes)), size, rng)[0]
+    have = np.array([(labels[part] == c).sum() for c in classes])
+    if (counts > have).any():
+        raise PartitionError(
+            f"samples-per-client={size} needs {int(counts.max())} samples per class, a client's share of its "
+            f"label group has {int(have.min())}; the most is {int(have.min()) * len(classes)}"
+        )
+    chosen = [rng.permutation(part[labels[part] == c])[:k] for c, k in zip(classes, counts)]
+    return np.sort(np.concatenate(chosen))
 
 
 def train_test_split(
