@@ -1,0 +1,126 @@
+"""What the CIFAR-10 suites' mechanisms did, read from their finished runs (``pflower-bench``'s
+results): the README's evidence beside the accuracy tables.
+
+    .venv/bin/python bench/cifar10_mechanisms.py [--results bench/results]
+
+- pFedLA: learned against frozen weights, paired by seed; how the final weights follow the
+  clients' class overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
+- FedeRiCo: the final weight each client puts on its own label group, and the largest weight
+  each client would give if the E-step used the summed log-likelihood (w ∝ w_mean ** n).
+- Double head: bytes of gradual sharing against sharing every layer, and the accuracy of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pflower.config import load_settings
+from pflower.datasets import federated_indices
+from pflower.models import build_model
+from pflower.models.layers import layers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _runs(directory: Path) -> dict[int, dict]:
+    """seed -> metrics.json of the finished runs under ``directory`` (a method's folder)."""
+    out = {}
+    for d in sorted(directory.glob("seed*")):
+        if (d / "bench.json").is_file():
+            out[int(d.name[4:])] = json.loads((d / "metrics.json").read_text())
+    return out
+
+
+def _fmt(a) -> str:
+    a = np.asarray(a, dtype=np.float64)
+    return f"{a.mean():.4f} ± {a.std(ddof=1):.4f}" if len(a) > 1 else f"{a.mean():.4f}"
+
+
+def pfedla(results: Path) -> None:
+    suite = results / "cifar10-pfedla"
+    for grid in ("noniid1", "noniid2"):
+        learned = _runs(suite / grid / "pfedla")
+        if not learned:
+            continue
+        print(f"\n## pFedLA, {grid}")
+        frozen = _runs(suite / grid / "pfedla-frozen")
+        seeds = sorted(set(learned) & set(frozen))
+        if seeds:
+            diff = [learned[s]["final"]["accuracy"] - frozen[s]["final"]["accuracy"] for s in seeds]
+            print(f"learned - frozen accuracy per seed {seeds}: {', '.join(f'{d:+.4f}' for d in diff)} (mean {np.mean(diff):+.4f})")
+        doc = next(iter(learned.values()))
+        names = [layer.name for layer in layers(build_model(load_settings(doc["config"]), (3, 32, 32), 10, 0))]
+        corr = np.array([d["rounds"][-1]["alpha-structure"]["overlap-correlation"] for d in learned.values()], dtype=np.float64)
+        print("correlation of the final weights with class overlap, per layer (mean over seeds):")
+        print("  " + ", ".join(f"{n} {c:.2f}" for n, c in zip(names, corr.mean(axis=0))))
+        self_w = np.array([[[a[l][i] for l in range(len(names))] for i, a in enumerate(d["rounds"][-1]["alpha"].values())] for d in learned.values()])
+        print("self-weight per layer (mean over clients and seeds; uniform is 0.1): " + ", ".join(f"{n} {w:.3f}" for n, w in zip(names, self_w.mean(axis=(0, 1)))))
+        for k in (1, 2, 3):
+            heur = _runs(suite / grid / f"heurpfedla-k{k}")
+            if not heur:
+                continue
+            kept: dict[str, int] = {}
+            for d in heur.values():
+                for i, a in d["rounds"][-1]["alpha"].items():
+                    own = np.array([a[l][int(i)] for l in range(len(names))])
+                    for l in np.argsort(-own, kind="stable")[:k]:
+                        kept[names[l]] = kept.get(names[l], 0) + 1
+            total = sum(kept.values())
+            down = [d["final"]["bytes-down"] / 2**20 for d in heur.values()]
+            print(f"heurpfedla-k{k}: MiB down {_fmt(down)}, up {_fmt([d['final']['bytes-up'] / 2**20 for d in heur.values()])}; "
+                  f"layers retained in the final round: " + ", ".join(f"{n} {c / total:.0%}" for n, c in sorted(kept.items(), key=lambda x: -x[1])))  # fmt: skip
+        base = [d["final"]["bytes-down"] / 2**20 for d in learned.values()]
+        print(f"pfedla (k = 0): MiB down {_fmt(base)}, up {_fmt([d['final']['bytes-up'] / 2**20 for d in learned.values()])}")
+
+
+def federico(results: Path) -> None:
+    suite = results / "cifar10-federico"
+    for grid in ("groups2", "groups3", "groups4"):
+        runs = _runs(suite / grid / "federico")
+        if not runs:
+            continue
+        own_group, top_mean, top_sum = [], [], []
+        for doc in runs.values():
+            settings = load_settings(doc["config"])
+            fi = federated_indices(settings, doc["num-clients"])
+            for i, w in doc["rounds"][-1]["collaboration-weights"].items():
+                ids = np.array([int(j) for j in w])
+                v = np.array(list(w.values()), dtype=np.float64)
+                own_group.append(v[fi.groups[ids] == fi.groups[int(i)]].sum())
+                top_mean.append(v.max())
+                log = len(fi.train[int(i)]) * np.log(v)  # the sum over n samples: w ∝ w_mean ** n
+                top_sum.append(np.exp(log - log.max()).max() / np.exp(log - log.max()).sum())
+        print(f"\n## FedeRiCo, {grid}: weight on its own label group {_fmt(own_group)} (mean over clients and seeds); "
+              f"largest weight: {np.mean(top_mean):.3f} with the mean loss, {np.mean(top_sum):.3f} with the summed log-likelihood")  # fmt: skip
+
+
+def doublehead(results: Path) -> None:
+    grid = results / "cifar10-doublehead" / "groups5"
+    rows = {label: _runs(grid / label) for label in ("fedavg", "local", "doublehead", "doublehead-gradual4")}
+    if not rows["doublehead"]:
+        return
+    print("\n## Double head, 5 label groups")
+    full = np.mean([d["final"]["bytes-down"] + d["final"]["bytes-up"] for d in rows["doublehead"].values()])
+    for label, runs in rows.items():
+        if not runs:
+            continue
+        mib = np.mean([d["final"]["bytes-down"] + d["final"]["bytes-up"] for d in runs.values()])
+        print(f"{label}: local {_fmt([d['final']['accuracy'] for d in runs.values()])}, global {_fmt([d['final']['global-accuracy'] for d in runs.values()])}, "
+              f"{mib / 2**20:.1f} MiB ({mib / full:.0%} of the double head's)")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    args = p.parse_args()
+    pfedla(args.results)
+    federico(args.results)
+    doublehead(args.results)
+
+
+if __name__ == "__main__":
+    main()
