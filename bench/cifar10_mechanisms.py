@@ -7,7 +7,9 @@ results): the README's evidence beside the accuracy tables.
   clients' class overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
 - FedeRiCo: the final weight each client puts on its own label group, and the largest weight
   each client would give if the E-step used the summed log-likelihood (w ∝ w_mean ** n).
-- Double head: bytes of gradual sharing against sharing every layer, and the accuracy of each.
+- Double head: bytes of gradual sharing against sharing every layer, the accuracy of each, and
+  which head decides the prediction (each client's final model: its saved personal state with
+  the server's final global part, as its last evaluation saw it).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from pflower.client_app.store import _records
 from pflower.config import load_settings
-from pflower.datasets import federated_indices
+from pflower.datasets import client_data, federated_indices, global_test
+from pflower.records import from_record
 from pflower.models import build_model
 from pflower.models.layers import layers
 
@@ -111,6 +116,35 @@ def doublehead(results: Path) -> None:
         mib = np.mean([d["final"]["bytes-down"] + d["final"]["bytes-up"] for d in runs.values()])
         print(f"{label}: local {_fmt([d['final']['accuracy'] for d in runs.values()])}, global {_fmt([d['final']['global-accuracy'] for d in runs.values()])}, "
               f"{mib / 2**20:.1f} MiB ({mib / full:.0%} of the double head's)")  # fmt: skip
+        if label.startswith("doublehead"):
+            heads(grid / label, runs)
+
+
+def heads(directory: Path, runs: dict[int, dict]) -> None:
+    """Share of local-test predictions the local head decides; each head's accuracy alone."""
+    decided, alone = [], {"global head, local test": [], "global head, global test": [], "local head, local test": []}
+    for seed, doc in runs.items():
+        run = directory / f"seed{seed}"
+        settings = load_settings(doc["config"])
+        n = doc["num-clients"]
+        model = build_model(settings, (3, 32, 32), 10, settings.seed).eval()
+        shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
+        shared = shared if isinstance(shared, dict) else from_record(shared)
+        union = global_test(settings, n)
+        for c in range(n):
+            saved = sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"))[-1]
+            personal = from_record(_records(torch.load(saved, weights_only=False))["personal"])
+            model.load_state_dict(personal)
+            model.load_state_dict({k: v for k, v in shared.items() if k in personal}, strict=False)
+            test = client_data(settings, c, n)[1]
+            with torch.no_grad():
+                g, loc = model.heads(test.x)
+                decided.append(float((torch.cat([g.softmax(1), loc.softmax(1)], 1).argmax(1) >= g.shape[1]).float().mean()))
+                alone["global head, local test"].append(float((g.argmax(1) == test.y).float().mean()))
+                alone["local head, local test"].append(float((loc.argmax(1) == test.y).float().mean()))
+                alone["global head, global test"].append(float((model.heads(union.x)[0].argmax(1) == union.y).float().mean()))
+    print(f"  the local head decides {np.mean(decided):.1%} of the local-test predictions; alone: "
+          + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in alone.items()))
 
 
 def main() -> None:
