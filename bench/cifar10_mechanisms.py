@@ -7,9 +7,13 @@ results): the README's evidence beside the accuracy tables.
   clients' class overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
 - FedeRiCo: the final weight each client puts on its own label group, and the largest weight
   each client would give if the E-step used the summed log-likelihood (w ∝ w_mean ** n).
-- Double head: bytes of gradual sharing against sharing every layer, the accuracy of each, and
-  which head decides the prediction (each client's final model: its saved personal state with
-  the server's final global part, as its last evaluation saw it).
+- Double head: bytes of gradual sharing against sharing every layer, the accuracy of each, the
+  accuracy reached at given cumulative bytes, and which head decides the prediction (each
+  client's final model: its saved personal state with the server's final global part, as its
+  last evaluation saw it).
+- SuPerFed: the final accuracy along the line (federated model at λ = 0, local model at λ = 1,
+  the best λ in between), at each client's held-out choice, and the chosen λs; the same for the
+  run with the connectivity term off (ν = 0).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pflower.datasets import client_data, federated_indices, global_test
 from pflower.records import from_record
 from pflower.models import build_model
 from pflower.models.layers import layers
+from pflower.models.mixing import LAMBDA_GRID
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +43,9 @@ def _runs(directory: Path) -> dict[int, dict]:
         if (d / "bench.json").is_file():
             out[int(d.name[4:])] = json.loads((d / "metrics.json").read_text())
     return out
+
+
+CUMULATIVE_MIB = (25, 50, 100, 200, 400)
 
 
 def _fmt(a) -> str:
@@ -118,6 +126,16 @@ def doublehead(results: Path) -> None:
               f"{mib / 2**20:.1f} MiB ({mib / full:.0%} of the double head's)")  # fmt: skip
         if label.startswith("doublehead"):
             heads(grid / label, runs)
+    print("mean local accuracy once the cumulative bytes (down + up) reach:")
+    for label, runs in rows.items():
+        reached = []
+        for d in runs.values():
+            cum = np.cumsum([r["bytes-down"] + r["bytes-up"] for r in d["rounds"]]) / 2**20
+            acc = [r["accuracy"] for r in d["rounds"]]
+            if cum[-1] > 0:
+                reached.append([acc[np.searchsorted(cum, t, side="right") - 1] if cum[0] <= t else np.nan for t in CUMULATIVE_MIB])
+        if reached:
+            print(f"  {label}: " + ", ".join(f"{t} MiB {a:.3f}" for t, a in zip(CUMULATIVE_MIB, np.mean(reached, axis=0))))
 
 
 def heads(directory: Path, runs: dict[int, dict]) -> None:
@@ -147,6 +165,22 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
           + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in alone.items()))
 
 
+def superfed(results: Path) -> None:
+    grid = results / "cifar10-superfed" / "pathological"
+    for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
+        runs = _runs(grid / label)
+        if not runs:
+            continue
+        curves = np.array([d["rounds"][-1]["lambda-curve"] for d in runs.values()])
+        inner = curves[:, 1:-1].max(axis=1)
+        chosen = np.concatenate([list(d["rounds"][-1]["lambda-chosen"].values()) for d in runs.values()])
+        print(f"\n## SuPerFed, {label}: federated model (λ = 0) {_fmt(curves[:, 0])}, local model (λ = 1) {_fmt(curves[:, -1])}, "
+              f"best λ in (0, 1) {_fmt(inner)}; at each client's held-out λ {_fmt([d['final']['accuracy'] for d in runs.values()])}, "
+              f"at its test-chosen λ {_fmt([d['final']['oracle-accuracy'] for d in runs.values()])}")  # fmt: skip
+        print("  mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
+        print("  held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
@@ -154,6 +188,7 @@ def main() -> None:
     pfedla(args.results)
     federico(args.results)
     doublehead(args.results)
+    superfed(args.results)
 
 
 if __name__ == "__main__":
