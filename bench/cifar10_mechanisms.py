@@ -4,7 +4,7 @@ results): the README's evidence beside the accuracy tables.
     .venv/bin/python bench/cifar10_mechanisms.py [--results bench/results]
 
 - pFedLA: learned against frozen weights, paired by seed; how the final weights follow the
-  clients' class overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
+  clients' class overlap and label-distribution overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
 - FedeRiCo: the final weight each client puts on its own label group, and the largest weight
   each client would give if the E-step used the summed log-likelihood (w ∝ w_mean ** n).
 - Double head: bytes of gradual sharing against sharing every layer, the accuracy of each, the
@@ -53,6 +53,19 @@ def _fmt(a) -> str:
     return f"{a.mean():.4f} ± {a.std(ddof=1):.4f}" if len(a) > 1 else f"{a.mean():.4f}"
 
 
+def _distribution_correlation(doc: dict, layer: int) -> float:
+    """Pearson correlation, over pairs i != j, of client i's final weight on client j in
+    ``layer`` with the overlap of their training label distributions, sum_c min(p_i(c), p_j(c))
+    (defined where class sets are not: with every class on every client, as in non-IID_2)."""
+    settings, n = load_settings(doc["config"]), doc["num-clients"]
+    p = np.array([np.bincount(client_data(settings, c, n)[0].y.numpy(), minlength=10) for c in range(n)], dtype=np.float64)
+    p /= p.sum(axis=1, keepdims=True)
+    overlap = np.minimum(p[:, None, :], p[None, :, :]).sum(axis=2)
+    alpha = np.array([doc["rounds"][-1]["alpha"][str(i)][layer] for i in range(n)])
+    others = ~np.eye(n, dtype=bool)
+    return float(np.corrcoef(alpha[others], overlap[others])[0, 1])
+
+
 def pfedla(results: Path) -> None:
     suite = results / "cifar10-pfedla"
     for grid in ("noniid1", "noniid2"):
@@ -68,8 +81,12 @@ def pfedla(results: Path) -> None:
         doc = next(iter(learned.values()))
         names = [layer.name for layer in layers(build_model(load_settings(doc["config"]), (3, 32, 32), 10, 0))]
         corr = np.array([d["rounds"][-1]["alpha-structure"]["overlap-correlation"] for d in learned.values()], dtype=np.float64)
-        print("correlation of the final weights with class overlap, per layer (mean over seeds):")
-        print("  " + ", ".join(f"{n} {c:.2f}" for n, c in zip(names, corr.mean(axis=0))))
+        if not np.isnan(corr).all():  # undefined where every client has every class
+            print("correlation of the final weights with class overlap, per layer (mean over seeds):")
+            print("  " + ", ".join(f"{n} {c:.2f}" for n, c in zip(names, corr.mean(axis=0))))
+        hist = np.array([[_distribution_correlation(d, layer) for layer in range(len(names))] for d in learned.values()])
+        print("correlation of the final weights with label-distribution overlap (histogram intersection), per layer (mean over seeds):")
+        print("  " + ", ".join(f"{n} {c:.2f}" for n, c in zip(names, hist.mean(axis=0))))
         self_w = np.array([[[a[l][i] for l in range(len(names))] for i, a in enumerate(d["rounds"][-1]["alpha"].values())] for d in learned.values()])
         print("self-weight per layer (mean over clients and seeds; uniform is 0.1): " + ", ".join(f"{n} {w:.3f}" for n, w in zip(names, self_w.mean(axis=(0, 1)))))
         for k in (1, 2, 3):
