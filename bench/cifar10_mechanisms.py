@@ -11,9 +11,10 @@ results): the README's evidence beside the accuracy tables.
   accuracy reached at given cumulative bytes, and which head decides the prediction (each
   client's final model: its saved personal state with the server's final global part, as its
   last evaluation saw it).
-- SuPerFed: the final accuracy along the line (federated model at λ = 0, local model at λ = 1,
-  the best λ in between), at each client's held-out choice, and the chosen λs; the same for the
-  run with the connectivity term off (ν = 0).
+- SuPerFed: every method's accuracy per evaluated round (40 and 100 rounds); the final accuracy
+  along the line (federated model at λ = 0, local model at λ = 1, the best λ in between), at each
+  client's held-out choice, the chosen λs and cos² between the federated and local weights; the
+  same with the connectivity term off (ν = 0).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pflower.datasets import client_data, federated_indices, global_test
 from pflower.records import from_record
 from pflower.models import build_model
 from pflower.models.layers import layers
-from pflower.models.mixing import LAMBDA_GRID
+from pflower.models.mixing import LAMBDA_GRID, cosine_squared
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,20 +183,48 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
           + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in alone.items()))
 
 
+def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
+    """cos²(w_g, w_l) per client: the final global federated weights against each client's local
+    weights (all their parameters as one vector, as the training term takes them)."""
+    out = []
+    for seed, doc in runs.items():
+        run = directory / f"seed{seed}"
+        shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
+        shared = shared if isinstance(shared, dict) else from_record(shared)
+        for c in range(doc["num-clients"]):
+            saved = sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"))
+            if not saved:
+                continue
+            personal = from_record(_records(torch.load(saved[-1], weights_only=False))["personal"])
+            names = [k[len("local.") :] for k, v in personal.items() if k.startswith("local.") and v.is_floating_point() and "running" not in k]
+            out.append(float(cosine_squared([shared[f"fed.{k}"] for k in names], [personal[f"local.{k}"] for k in names])))
+    return out
+
+
 def superfed(results: Path) -> None:
-    grid = results / "cifar10-superfed" / "pathological"
-    for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
-        runs = _runs(grid / label)
-        if not runs:
-            continue
-        curves = np.array([d["rounds"][-1]["lambda-curve"] for d in runs.values()])
-        inner = curves[:, 1:-1].max(axis=1)
-        chosen = np.concatenate([list(d["rounds"][-1]["lambda-chosen"].values()) for d in runs.values()])
-        print(f"\n## SuPerFed, {label}: federated model (λ = 0) {_fmt(curves[:, 0])}, local model (λ = 1) {_fmt(curves[:, -1])}, "
-              f"best λ in (0, 1) {_fmt(inner)}; at each client's held-out λ {_fmt([d['final']['accuracy'] for d in runs.values()])}, "
-              f"at its test-chosen λ {_fmt([d['final']['oracle-accuracy'] for d in runs.values()])}")  # fmt: skip
-        print("  mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
-        print("  held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
+    for grid in sorted(p for p in (results / "cifar10-superfed").glob("pathological*") if p.is_dir()):
+        print(f"\n## SuPerFed, grid {grid.name}: mean accuracy at each evaluated round")
+        for method in sorted(p for p in grid.iterdir() if p.is_dir()):
+            runs = _runs(method)
+            if not runs:
+                continue
+            rounds = sorted({r["round"] for d in runs.values() for r in d["rounds"] if r["accuracy"] is not None})
+            acc = {k: [r["accuracy"] for d in runs.values() for r in d["rounds"] if r["round"] == k] for k in rounds}
+            print(f"  {method.name:16} " + " ".join(f"{k}: {np.mean(a):.3f}" for k, a in acc.items()))
+        for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
+            runs = _runs(grid / label)
+            if not runs:
+                continue
+            curves = np.array([d["rounds"][-1]["lambda-curve"] for d in runs.values()])
+            inner = curves[:, 1:-1].max(axis=1)
+            chosen = np.concatenate([list(d["rounds"][-1]["lambda-chosen"].values()) for d in runs.values()])
+            print(f"  {label}: federated model (λ = 0) {_fmt(curves[:, 0])}, local model (λ = 1) {_fmt(curves[:, -1])}, "
+                  f"best λ in (0, 1) {_fmt(inner)}; at each client's held-out λ {_fmt([d['final']['accuracy'] for d in runs.values()])}, "
+                  f"at its test-chosen λ {_fmt([d['final']['oracle-accuracy'] for d in runs.values()])}")  # fmt: skip
+            print("    mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
+            cos = _cosine_squared(grid / label, runs)
+            print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
+            print("    held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
 
 
 def main() -> None:
