@@ -11,7 +11,10 @@ results): the README's evidence beside the accuracy tables.
   accuracy reached at given cumulative bytes, and which head decides the prediction (each
   client's final model: its saved personal state with the server's final global part, as its
   last evaluation saw it).
-- SuPerFed: every method's accuracy per evaluated round (40 and 100 rounds); the final accuracy
+- Orderings: per-seed differences and per-round accuracy behind each ordering the README
+  explains (pFedLA and FedBN against Local and FedAvg, FedeRiCo and FedFomo against Local,
+  SuPerFed against FedRep).
+- SuPerFed: every method's accuracy per evaluated round (every grid); the final accuracy
   along the line (federated model at λ = 0, local model at λ = 1, the best λ in between), at each
   client's held-out choice, the chosen λs and cos² between the federated and local weights; the
   same with the connectivity term off (ν = 0).
@@ -52,6 +55,17 @@ CUMULATIVE_MIB = (25, 50, 100, 200, 400)
 def _fmt(a) -> str:
     a = np.asarray(a, dtype=np.float64)
     return f"{a.mean():.4f} ± {a.std(ddof=1):.4f}" if len(a) > 1 else f"{a.mean():.4f}"
+
+
+def _paired(a: dict[int, dict], b: dict[int, dict], key: str = "accuracy") -> str:
+    """Per-seed differences of the final ``key`` of ``a`` against ``accuracy`` of ``b``."""
+    return " / ".join(f"{a[s]['final'][key] - b[s]['final']['accuracy']:+.3f}" for s in sorted(a.keys() & b.keys()))
+
+
+def _per_round(runs: dict[int, dict]) -> dict[int, float]:
+    """Round -> accuracy, mean over seeds, at every evaluated round."""
+    rounds = sorted({r["round"] for d in runs.values() for r in d["rounds"] if r["accuracy"] is not None})
+    return {k: float(np.mean([r["accuracy"] for d in runs.values() for r in d["rounds"] if r["round"] == k])) for k in rounds}
 
 
 def _distribution_correlation(doc: dict, layer: int) -> float:
@@ -106,11 +120,16 @@ def pfedla(results: Path) -> None:
                   f"layers retained in the final round: " + ", ".join(f"{n} {c / total:.0%}" for n, c in sorted(kept.items(), key=lambda x: -x[1])))  # fmt: skip
         base = [d["final"]["bytes-down"] / 2**20 for d in learned.values()]
         print(f"pfedla (k = 0): MiB down {_fmt(base)}, up {_fmt([d['final']['bytes-up'] / 2**20 for d in learned.values()])}")
+        local, fedfomo = _runs(suite / grid / "local"), _runs(suite / grid / "fedfomo")
+        fedavg, fedbn = _per_round(_runs(suite / grid / "fedavg")), _per_round(_runs(suite / grid / "fedbn"))
+        gaps = [fedbn[k] - fedavg[k] for k in fedavg.keys() & fedbn.keys()]
+        print(f"local: round 1 {_per_round(local)[1]:.3f}; pfedla - local per seed {_paired(learned, local)}; "
+              f"fedfomo - local per seed {_paired(fedfomo, local)}; fedbn - fedavg per round {min(gaps):+.3f} to {max(gaps):+.3f}")  # fmt: skip
 
 
 def federico(results: Path) -> None:
     suite = results / "cifar10-federico"
-    for grid in ("groups2", "groups3", "groups4"):
+    for grid in sorted(p.name for p in suite.glob("groups*") if p.is_dir()):
         runs = _runs(suite / grid / "federico")
         if not runs:
             continue
@@ -127,6 +146,10 @@ def federico(results: Path) -> None:
                 top_sum.append(np.exp(log - log.max()).max() / np.exp(log - log.max()).sum())
         print(f"\n## FedeRiCo, {grid}: weight on its own label group {_fmt(own_group)} (mean over clients and seeds); "
               f"largest weight: {np.mean(top_mean):.3f} with the mean loss, {np.mean(top_sum):.3f} with the summed log-likelihood")  # fmt: skip
+        local = _runs(suite / grid / "local")
+        print(f"  per seed: federico - local {_paired(runs, local)}, fedfomo - local {_paired(_runs(suite / grid / 'fedfomo'), local)}")
+        for label in ("local", "fedfomo", "federico"):
+            print(f"  {label:9} per round: " + " ".join(f"{a:.3f}" for a in _per_round(_runs(suite / grid / label)).values()))
 
 
 def doublehead(results: Path) -> None:
@@ -208,9 +231,7 @@ def superfed(results: Path) -> None:
             runs = _runs(method)
             if not runs:
                 continue
-            rounds = sorted({r["round"] for d in runs.values() for r in d["rounds"] if r["accuracy"] is not None})
-            acc = {k: [r["accuracy"] for d in runs.values() for r in d["rounds"] if r["round"] == k] for k in rounds}
-            print(f"  {method.name:16} " + " ".join(f"{k}: {np.mean(a):.3f}" for k, a in acc.items()))
+            print(f"  {method.name:16} " + " ".join(f"{k}: {a:.3f}" for k, a in _per_round(runs).items()))
         for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
             runs = _runs(grid / label)
             if not runs:
@@ -224,6 +245,8 @@ def superfed(results: Path) -> None:
             print("    mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
             cos = _cosine_squared(grid / label, runs)
             print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
+            fedrep = _runs(grid / "fedrep")
+            print(f"    minus FedRep per seed: at the held-out λ {_paired(runs, fedrep)}, at the test-chosen λ {_paired(runs, fedrep, 'oracle-accuracy')}")
             print("    held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
 
 
