@@ -11,6 +11,7 @@ results): the README's evidence beside the accuracy tables.
   accuracy reached at given cumulative bytes, and which head decides the prediction (each
   client's final model: its saved personal state with the server's final global part, as its
   last evaluation saw it).
+- FedBN: each client's accuracy with its own normalization layers and with all clients' mean.
 - Orderings: per-seed differences and per-round accuracy behind each ordering the README
   explains (pFedLA and FedBN against Local and FedAvg, FedeRiCo and FedFomo against Local,
   SuPerFed against FedRep).
@@ -34,7 +35,8 @@ from pflower.config import load_settings
 from pflower.datasets import client_data, federated_indices, global_test
 from pflower.records import from_record
 from pflower.models import build_model
-from pflower.models.layers import layers
+from pflower.models.layers import layers, norm_keys
+from pflower.training import evaluate
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +127,32 @@ def pfedla(results: Path) -> None:
         gaps = [fedbn[k] - fedavg[k] for k in fedavg.keys() & fedbn.keys()]
         print(f"local: round 1 {_per_round(local)[1]:.3f}; pfedla - local per seed {_paired(learned, local)}; "
               f"fedfomo - local per seed {_paired(fedfomo, local)}; fedbn - fedavg per round {min(gaps):+.3f} to {max(gaps):+.3f}")  # fmt: skip
+
+
+def fedbn(results: Path) -> None:
+    """FedBN's mechanism frozen after the fact: each client's final model evaluated with its own
+    normalization layers and with the mean of all clients' (what FedAvg would hold)."""
+    for grid in ("noniid1", "noniid2"):
+        directory = results / "cifar10-pfedla" / grid / "fedbn"
+        own, mean, spread = [], [], []
+        for seed, doc in _runs(directory).items():
+            run, settings, n = directory / f"seed{seed}", load_settings(doc["config"]), doc["num-clients"]
+            model = build_model(settings, (3, 32, 32), 10, settings.seed)
+            shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
+            shared = shared if isinstance(shared, dict) else from_record(shared)
+            personal = [from_record(_records(torch.load(sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"))[-1], weights_only=False))["personal"]) for c in range(n)]  # fmt: skip
+            local = norm_keys(model)
+            averaged = {k: torch.stack([p[k].double() for p in personal]).mean(0).to(personal[0][k].dtype) for k in local}
+            stats = [k for k in local if k.endswith("running_mean")]
+            spread.append(np.mean([float(torch.stack([p[k] for p in personal]).std(0).norm() / torch.stack([p[k] for p in personal]).mean(0).norm()) for k in stats]))
+            for c in range(n):
+                test = client_data(settings, c, n)[1]
+                for bn, out in ((personal[c], own), (averaged, mean)):
+                    model.load_state_dict({**personal[c], **{k: v for k, v in shared.items() if k not in local}, **{k: bn[k] for k in local}})
+                    out.append(evaluate(model, test).accuracy)
+        if own:
+            print(f"\n## FedBN, {grid}: with its own normalization layers {np.mean(own):.4f}, with all clients' mean {np.mean(mean):.4f} "
+                  f"(mean over clients and seeds); clients' running means differ by {np.mean(spread):.1%} of their norm (std over clients)")  # fmt: skip
 
 
 def federico(results: Path) -> None:
@@ -255,6 +283,7 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args()
     pfedla(args.results)
+    fedbn(args.results)
     federico(args.results)
     doublehead(args.results)
     superfed(args.results)
