@@ -15,7 +15,8 @@ results): the README's evidence beside the accuracy tables.
 - Orderings: per-seed differences and per-round accuracy behind each ordering the README
   explains (pFedLA and FedBN against Local and FedAvg, FedeRiCo and FedFomo against Local,
   SuPerFed against FedRep).
-- SuPerFed: every method's accuracy per evaluated round (every grid); the final accuracy
+- SuPerFed: every method's accuracy per evaluated round (every grid of cifar10-superfed and
+  cifar10-superfed-checks); the final accuracy
   along the line (federated model at λ = 0, local model at λ = 1, the best λ in between), at each
   client's held-out choice, the chosen λs and cos² between the federated and local weights; the
   same with the connectivity term off (ν = 0).
@@ -253,8 +254,9 @@ def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
 
 
 def superfed(results: Path) -> None:
-    for grid in sorted(p for p in (results / "cifar10-superfed").glob("pathological*") if p.is_dir()):
-        print(f"\n## SuPerFed, grid {grid.name}: mean accuracy at each evaluated round")
+    grids = [p for suite in ("cifar10-superfed", "cifar10-superfed-checks") for p in sorted((results / suite).glob("pathological*")) if p.is_dir()]
+    for grid in grids:
+        print(f"\n## SuPerFed, {grid.parent.name} grid {grid.name}: mean accuracy at each evaluated round")
         for method in sorted(p for p in grid.iterdir() if p.is_dir()):
             runs = _runs(method)
             if not runs:

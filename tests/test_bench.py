@@ -1,10 +1,15 @@
 """The benchmark harness: suite files, resumable execution on real Flower, tables and README block."""
 
 import json
+import tomllib
 
 import pytest
 
-from pflower.bench import execute, load_suite, main, ordering_sentence, report
+from pflower.bench import ROOT, execute, load_suite, main, ordering_sentence, report
+from pflower.config import load_settings
+
+PROJECT_SUITES = ROOT / "bench" / "suites.toml"
+SHARED_DATA = ROOT.parent / "shared" / "data"
 
 SUITE = """
 [tiny]
@@ -30,6 +35,16 @@ def test_suite_file_expands_to_runs(tmp_path):
     assert runs[0].clients == 3
     with pytest.raises(SystemExit, match="suite 'huge' not in"):
         load_suite(tmp_path / "suites.toml", "huge")
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "cifar10-jpg").is_dir(), reason="shared data sets not present")
+@pytest.mark.parametrize("name", list(tomllib.loads(PROJECT_SUITES.read_text())))
+def test_every_run_of_the_projects_suites_is_a_valid_config(name):
+    suite, runs = load_suite(PROJECT_SUITES, name)
+    assert runs and len({(r.grid, r.label, r.seed) for r in runs}) == len(runs)
+    assert {r.grid for r in runs} == {g["name"] for g in suite["grid"]}
+    for run in runs:
+        load_settings(dict(run.config))
 
 
 def test_ordering_sentence():
