@@ -197,6 +197,8 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     """Rules that involve more than one key, the method's declaration or the file system."""
     problems: list[tuple[str, Any, str]] = []
     method = declarations()[s.method]
+    if getattr(s.params, "head", "last") == "classifier" and s.model == "mlp":
+        problems.append((f"{s.method}.head", "classifier", "needs a model with a convolutional part; model 'mlp' is fully connected throughout"))
     if s.node_data:
         if s.test_mode != "local":
             problems.append(("test-mode", s.test_mode, "must be 'local' with dataset='node': each node has only its own test data, no shared test set"))

@@ -60,9 +60,10 @@ def test_ditto_personal_step_is_sgd_on_ce_plus_the_proximal_term():
 
 def test_apfl_alpha_follows_its_gradient_and_w_v_their_losses():
     client = _client("apfl")
+    torch.manual_seed(1)
     model = with_alpha(MixedModel(nn.Linear(4, 3)), 0.5)
-    with torch.no_grad():
-        model.local.weight.add_(0.5)
+    with torch.no_grad():  # not a constant shift: that moves every logit alike, and alpha's gradient is 0
+        model.local.weight.add_(0.5 * torch.randn(3, 4))
     w0 = {k: t.detach().clone() for k, t in model.fed.named_parameters()}
     v0 = {k: t.detach().clone() for k, t in model.local.named_parameters()}
     client.fit(model, DATA, {}, seed=0, server_round=1)

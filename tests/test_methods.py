@@ -93,6 +93,31 @@ def test_fedrep_trains_head_then_body(monkeypatch, grid_factory, tmp_path):
     assert len(body_call[0]) == 6
 
 
+@pytest.mark.parametrize("method", ["fedper", "fedrep", "lgfedavg"])
+def test_a_classifier_head_moves_the_whole_fully_connected_stack_to_the_head(monkeypatch, grid_factory, tmp_path, method):
+    """``<method>.head='classifier'``: FedPer and FedRep send and receive the convolutions only,
+    LG-FedAvg every fully connected layer only; FedRep's head epochs train every one of them."""
+    settings, strategy, grid = _setup(grid_factory, tmp_path, method=method, **{f"{method}__head": "classifier"})
+    head_params = []
+    real = training.train
+
+    def spy(model, data, **kw):
+        names = {id(p): n for n, p in model.named_parameters()}
+        head_params.append({names[id(p)] for p in kw["params"]} if kw.get("params") is not None else None)
+        return real(model, data, **kw)
+
+    monkeypatch.setattr("pflower.client_app.base.train", spy)
+    msgs, replies = _train_round(strategy, grid)
+    fc = {f"head.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")}
+    conv = {f"body.{i}.{p}" for i in (0, 3) for p in ("weight", "bias")}
+    shared = fc if method == "lgfedavg" else conv
+    assert all(set(m.content["arrays"].keys()) == shared for m in msgs)
+    assert all(set(r.content["arrays"].keys()) == shared for r in replies)
+    assert fc | conv == set(from_record(next(iter(grid.contexts.values())).state[PERSONAL])) | shared
+    if method == "fedrep":
+        assert head_params[0] == fc and head_params[1] == conv
+
+
 @pytest.mark.parametrize("method", ["fedavg", "fedrep"])
 def test_lr_decays_by_round_through_the_client_app(monkeypatch, grid_factory, tmp_path, method):
     """lr-decay: round r trains at lr * (1 - lr-decay) ** (r - 1), every training call of the method."""

@@ -78,3 +78,22 @@ def test_key_sets():
     }
     plain = build_model(load_settings({}), (1, 28, 28), 10, seed=0)
     assert norm_keys(plain) == []
+
+
+def test_a_classifier_head_is_every_fully_connected_layer_with_the_same_weights():
+    """fedper/fedrep/lgfedavg .head='classifier' (SuPerFed's code's split): the same network,
+    the body its convolutions, the head its whole fully connected stack; 'mlp' is refused."""
+    from pflower.config import ConfigError
+    from pflower.models.heads import with_head
+
+    settings = load_settings({"method": "fedper", "model": "twocnn", "fedper.head": "classifier"})
+    model = build_model(settings, settings.image_shape, settings.num_classes, 0)
+    base = build_model(load_settings({"method": "fedper", "model": "twocnn"}), settings.image_shape, settings.num_classes, 0)
+    assert [l.name for l in layers(model)] == ["body.0", "body.3", "head.0", "head.2"]
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.body.modules())
+    assert [tuple(model.head[i].weight.shape) for i in (0, 2)] == [(512, 256), (10, 512)]
+    assert [torch.equal(a, b) for a, b in zip(model.parameters(), base.parameters())] == [True] * 8
+    x = torch.randn(3, 1, 8, 8)
+    assert torch.equal(model(x), base(x)) and with_head(base, "last") is base
+    with pytest.raises(ConfigError, match="'fedrep.head' = 'classifier' .* model 'mlp'"):
+        load_settings({"method": "fedrep", "model": "mlp", "fedrep.head": "classifier"})

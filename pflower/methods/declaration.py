@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def _kebab(name: str) -> str:
@@ -23,6 +23,21 @@ class MethodParams(BaseModel):
     """A method's own run-config keys (``<method>.<key>``), typed and range-checked; none by default."""
 
     model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True)
+
+
+class HeadParams(MethodParams):
+    """The key of the methods that keep one part of the model personal and federate the rest."""
+
+    head: Literal["last", "classifier"] = Field(
+        "last", description="where the head begins: `last` (the last Linear) or `classifier` (every fully connected layer: the split SuPerFed's code gives FedPer, FedRep and LG-FedAvg)"
+    )
+
+
+def wrap_head(model, params: HeadParams):
+    """The model split at ``params.head`` (:func:`pflower.models.heads.with_head`)."""
+    from pflower.models.heads import with_head
+
+    return with_head(model, params.head)
 
 
 def _load(ref: str) -> Any:

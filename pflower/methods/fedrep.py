@@ -2,10 +2,10 @@
 
 from pydantic import Field
 
-from pflower.methods.declaration import Method, MethodParams
+from pflower.methods.declaration import HeadParams, Method, wrap_head
 
 
-class FedRepParams(MethodParams):
+class FedRepParams(HeadParams):
     body_epochs: int = Field(1, ge=1, description="body epochs after `local-epochs` head epochs")
 
 
@@ -15,6 +15,7 @@ METHOD = Method(
     client="pflower.client_app.fedrep:FedRepClient",
     strategy="pflower.strategies.fedavg:FedAvg",
     params=FedRepParams,
+    wrap=wrap_head,
     averages=True,
     gradual=True,
 )

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pflower.models.heads import split_classifier
+
 
 def combine(global_logits: torch.Tensor, local_logits: torch.Tensor) -> torch.Tensor:
     """Per-class log of max(softmax_global, softmax_local) [batch, classes].
@@ -29,14 +31,6 @@ def predict(global_logits: torch.Tensor, local_logits: torch.Tensor) -> torch.Te
     """The rule as stated: argmax over [softmax_global, softmax_local], modulo the classes."""
     both = torch.cat([global_logits.softmax(1), local_logits.softmax(1)], 1)
     return both.argmax(1) % global_logits.shape[1]
-
-
-def split_classifier(base: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """(features, classifier): the model's ``body`` up to its first Linear, and every layer from
-    there through ``head`` (the paper's split: the whole fully connected stack is a head)."""
-    body = list(base.body)
-    first = next((i for i, m in enumerate(body) if isinstance(m, nn.Linear)), len(body))
-    return nn.Sequential(*body[:first]), nn.Sequential(*body[first:], base.head)
 
 
 class DoubleHead(nn.Module):
