@@ -275,8 +275,9 @@ def superfed(results: Path) -> None:
             print("    mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
             cos = _cosine_squared(grid / label, runs)
             print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
-            fedrep = _runs(grid / "fedrep")
-            print(f"    minus FedRep per seed: at the held-out λ {_paired(runs, fedrep)}, at the test-chosen λ {_paired(runs, fedrep, 'oracle-accuracy')}")
+            for other in ("fedrep", "fedrep-classifier", "fedper", "fedper-classifier"):
+                if base := _runs(grid / other):
+                    print(f"    minus {other} per seed: at the held-out λ {_paired(runs, base)}, at the test-chosen λ {_paired(runs, base, 'oracle-accuracy')}")
             print("    held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
 
 
