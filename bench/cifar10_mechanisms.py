@@ -262,6 +262,9 @@ def superfed(results: Path) -> None:
             if not runs:
                 continue
             print(f"  {method.name:16} " + " ".join(f"{k}: {a:.3f}" for k, a in _per_round(runs).items()))
+        for method in sorted(grid.glob("*-classifier")):
+            if (base := _runs(grid / method.name.removesuffix("-classifier"))) and (runs := _runs(method)):
+                print(f"  {method.name} minus {method.name.removesuffix('-classifier')} per seed: {_paired(runs, base)}")
         for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
             runs = _runs(grid / label)
             if not runs:
