@@ -14,7 +14,7 @@ results): the README's evidence beside the accuracy tables.
 - FedBN: each client's accuracy with its own normalization layers and with all clients' mean.
 - Orderings: per-seed differences and per-round accuracy behind each ordering the README
   explains (pFedLA and FedBN against Local and FedAvg, FedeRiCo and FedFomo against Local,
-  SuPerFed against FedRep).
+  SuPerFed against every other method of its grid, FedRep against FedPer).
 - SuPerFed: every method's accuracy per evaluated round (every grid of cifar10-superfed and
   cifar10-superfed-checks); the final accuracy
   along the line (federated model at λ = 0, local model at λ = 1, the best λ in between), at each
@@ -265,6 +265,9 @@ def superfed(results: Path) -> None:
         for method in sorted(grid.glob("*-classifier")):
             if (base := _runs(grid / method.name.removesuffix("-classifier"))) and (runs := _runs(method)):
                 print(f"  {method.name} minus {method.name.removesuffix('-classifier')} per seed: {_paired(runs, base)}")
+        for rep, per in (("fedrep", "fedper"), ("fedrep-classifier", "fedper-classifier")):
+            if (a := _runs(grid / rep)) and (b := _runs(grid / per)):
+                print(f"  {rep} minus {per} per seed: {_paired(a, b)}")
         for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
             runs = _runs(grid / label)
             if not runs:
@@ -278,7 +281,7 @@ def superfed(results: Path) -> None:
             print("    mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
             cos = _cosine_squared(grid / label, runs)
             print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
-            for other in ("fedrep", "fedrep-classifier", "fedper", "fedper-classifier"):
+            for other in sorted(p.name for p in grid.iterdir() if p.is_dir() and p.name != label):
                 if base := _runs(grid / other):
                     print(f"    minus {other} per seed: at the held-out λ {_paired(runs, base)}, at the test-chosen λ {_paired(runs, base, 'oracle-accuracy')}")
             print("    held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
