@@ -1,4 +1,9 @@
-"""The one conversion between PyTorch state dicts and Flower records, and byte accounting."""
+"""The one conversion between PyTorch state dicts and Flower records, and byte accounting.
+
+Records are on the CPU; a client computes on its model's device (:mod:`pflower.device`): what it
+sends goes through :func:`to_record` (to the CPU), what it receives through :func:`received_state`
+(to the device of the state it is checked against).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +35,13 @@ def check_state(got: dict[str, torch.Tensor], reference: Mapping[str, torch.Tens
         if v.shape != reference[k].shape:
             raise ValueError(f"array '{k}' has shape {tuple(v.shape)}, the model needs {tuple(reference[k].shape)}")
     return got
+
+
+def received_state(record: ArrayRecord, reference: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of ``record``, checked against ``reference`` (:func:`check_state`), each on its
+    reference's device."""
+    got = check_state(from_record(record), reference)
+    return {k: v.to(reference[k].device) for k, v in got.items()}
 
 
 def payload_bytes(content: RecordDict) -> int:

@@ -22,11 +22,6 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return F.cross_entropy(model(x), y)
 
 
-def device() -> torch.device:
-    """CUDA when the process sees a GPU, CPU otherwise."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def batches(data: Split, batch_size: int, generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Minibatches in random order (``generator``) or in order (None)."""
     n = len(data)

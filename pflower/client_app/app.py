@@ -29,12 +29,12 @@ from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
+from pflower.device import device
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
 from pflower import methods
 from pflower.models import build_model
-from pflower.records import check_state, from_record, to_record
+from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
-from pflower.training import device
 
 
 app = ClientApp()
@@ -187,10 +187,10 @@ def runtime(context: Context, msg: Message | None = None) -> Runtime:
 
 
 def _received(msg: Message, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The arrays of a message, checked against the model: known keys, matching shapes."""
+    """The arrays of a message, checked against the model (known keys, matching shapes), on its device."""
     if "arrays" not in msg.content.array_records:
         return {}
-    return check_state(from_record(msg.content.array_records["arrays"]), model.state_dict())
+    return received_state(msg.content.array_records["arrays"], model.state_dict())
 
 
 def _config(msg: Message) -> ConfigRecord:

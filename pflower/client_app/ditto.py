@@ -29,7 +29,7 @@ class DittoClient(ClientMethod):
         s, p = self.settings, self.settings.params
         model.set_lambda(0.0)  # the forward pass is w
         loss = self._train(model, data, seed, epochs=s.local_epochs, params=list(model.fed.parameters()))
-        anchors = [(v, received[f"fed.{k}"].to(v.device)) for k, v in model.local.named_parameters() if f"fed.{k}" in received]
+        anchors = [(v, received[f"fed.{k}"]) for k, v in model.local.named_parameters() if f"fed.{k}" in received]
 
         def personal_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             prox = sum(((v - w) ** 2).sum() for v, w in anchors)

@@ -35,7 +35,7 @@ from pflower.client_app.base import ClientMethod
 from pflower.datasets import Split
 from pflower.methods.federico import GOSSIP, GOSSIP_REPLY, MODEL, PLAN, REQUESTS, gossip_from, gossip_reply, model_of, update_for, update_from
 from pflower.overlay import View
-from pflower.records import check_state, from_record, to_record
+from pflower.records import from_record, received_state, to_record
 from pflower.training import evaluate
 
 TABLES = "federico"  # ConfigRecord: view, tracked losses, this round's choices
@@ -189,16 +189,16 @@ class FedericoClient(ClientMethod):
                 else:
                     view.remove(partner[0])  # it did not answer
             own = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the model is reused below
-            received = {}
+            peers = {}
             for j in neighbours:
                 if model_of(j) in incoming.array_records:
-                    received[j] = check_state(from_record(incoming[model_of(j)]), own)
+                    peers[j] = received_state(incoming[model_of(j)], own)
                 else:
                     view.remove(j)  # gone: forget it until gossip brings it back
                     losses.pop(j, None)
             for name in [n for n in state.array_records if n.startswith(PEER)]:
                 del state[name]
-            train = {client_id: own, **received}
+            train = {client_id: own, **peers}
             observed = {}
             for j, theta in train.items():
                 model.load_state_dict(theta, strict=False)
@@ -218,7 +218,7 @@ class FedericoClient(ClientMethod):
                     out[update_for(j)] = to_record(update)
                     state[f"{PEER}{j}"] = to_record(theta)
             model.load_state_dict(own)
-            self._save_tables(state, view, losses, {"own-weight": weights[client_id], "peer-weights": [weights[j] for j in received], "peers": list(received)})
+            self._save_tables(state, view, losses, {"own-weight": weights[client_id], "peer-weights": [weights[j] for j in peers], "peers": list(peers)})
             return out
 
         if phase == "update":
@@ -226,11 +226,11 @@ class FedericoClient(ClientMethod):
             keys = self.upload_keys(model)
             total = {k: torch.zeros_like(own[k], dtype=torch.float64) for k in keys}
             if OWN_UPDATE in state.array_records:
-                own_update = from_record(state[OWN_UPDATE])
+                own_update = received_state(state[OWN_UPDATE], own)
                 total = {k: total[k] + own_update[k].double() for k in keys}
             senders = sorted(i for i in range(num_clients) if update_from(i) in incoming.array_records)
             for i in senders:
-                delta = check_state(from_record(incoming[update_from(i)]), own)
+                delta = received_state(incoming[update_from(i)], own)
                 total = {k: total[k] + delta[k].double() for k in keys}
             model.load_state_dict({k: (own[k].double() - total[k]).to(own[k].dtype) for k in keys}, strict=False)
             if OWN_UPDATE in state.array_records:

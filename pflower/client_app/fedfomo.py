@@ -18,7 +18,7 @@ from pflower.client_app.base import ClientMethod
 from pflower.datasets import Split, holdout
 from pflower.methods.fedfomo import IDS, PEER_PREFIX, WEIGHTS
 from pflower.models import layers
-from pflower.records import check_state, from_record
+from pflower.records import received_state
 from pflower.training import evaluate
 
 
@@ -47,7 +47,7 @@ class FedFomoClient(ClientMethod):
         own = {k: v.detach().clone() for k, v in model.state_dict().items()}
         peers, losses, distances = [], [], []
         for name in names:
-            theta = check_state(from_record(incoming[name]), own)
+            theta = received_state(incoming[name], own)
             model.load_state_dict(theta, strict=False)
             losses.append(evaluate(model, validation).loss)
             distances.append(float(sum((theta[k].double() - own[k].double()).square().sum() for k in keys)) ** 0.5)

@@ -14,7 +14,7 @@ class FedProxClient(ClientMethod):
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         mu = self.settings.params.mu
         named = dict(model.named_parameters())
-        anchors = [(named[k], v.to(named[k].device)) for k, v in received.items() if k in named]
+        anchors = [(named[k], v) for k, v in received.items() if k in named]
 
         def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             prox = sum(((p - g) ** 2).sum() for p, g in anchors)

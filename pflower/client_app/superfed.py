@@ -18,6 +18,7 @@ model, and reports no held-out curve.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,13 +55,16 @@ class SuperFedClient(ClientMethod):
         return keys_under(model, "fed")
 
     def initial_state(self, model: MixedModel, client_id: int) -> dict[str, torch.Tensor]:
-        """The common federated init, and local weights from the client's own seed."""
+        """The common federated init, and local weights from the client's own seed, drawn on the
+        CPU (by the CPU's generator, whatever the model's device) and copied in."""
         seed = int(np.random.SeedSequence([self.settings.seed, client_id, 11]).generate_state(1)[0])
+        local = copy.deepcopy(model.local).cpu()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            for module in model.local.modules():
+            for module in local.modules():
                 if hasattr(module, "reset_parameters"):
                     module.reset_parameters()
+        model.local.load_state_dict(local.state_dict())
         return model.state_dict()
 
     def _split(self, data: Split) -> tuple[Split, Split]:
@@ -73,7 +77,7 @@ class SuperFedClient(ClientMethod):
         generator = torch.Generator().manual_seed(seed + 1)
         fed, local = list(model.fed.parameters()), list(model.local.parameters())
         named = dict(model.fed.named_parameters())
-        anchors = [(named[k[4:]], v.to(named[k[4:]].device)) for k, v in received.items() if k[4:] in named]
+        anchors = [(named[k[4:]], v) for k, v in received.items() if k[4:] in named]
 
         def loss_fn(m: MixedModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             if mixing:

@@ -1,0 +1,72 @@
+"""Where tensors live: every method's example run on a fake accelerator gives the CPU's numbers.
+
+The fake device (:mod:`fake_device`) refuses, as CUDA does, an op that mixes it with a CPU
+tensor, and draws its random numbers from a generator of its own: a client that subtracts a
+received (CPU) tensor from its model's or draws its model's weights on the device fails here,
+naming the line, without a GPU.
+"""
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from conftest import InProcessGrid, run_config
+from fake_device import FAKE, FakeDevice
+from pflower.client_app import app
+from pflower.config import load_settings
+from pflower.methods import build_strategy, declarations
+
+N = 3
+app_module = importlib.import_module("pflower.client_app.app")  # the module, not the ClientApp it exports
+
+
+def _rounds(cfg: dict, tmp_path, name: str) -> list[dict]:
+    """The per-round metrics of the method's example run (2 rounds, 3 clients), timings left out."""
+    cfg = {**cfg, "results-dir": str(tmp_path / name)}
+    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, N))
+    doc = json.loads((tmp_path / name / "metrics.json").read_text())
+    return [{k: v for k, v in r.items() if "seconds" not in k} for r in doc["rounds"]]
+
+
+@pytest.fixture
+def fresh_models():
+    """The ClientApp's cached models are built anew (on the device in force) and dropped after."""
+    caches = (app_module._shared, app_module._runtime, app_module._node_runtime)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()
+
+
+@pytest.mark.parametrize("method", sorted(declarations()))
+def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, fresh_models, method):
+    cfg = {**run_config(method=method, num_server_rounds=2, local_epochs=1), **declarations()[method].example}
+    on_cpu = _rounds(cfg, tmp_path, "cpu")
+    app_module._shared.cache_clear()
+    monkeypatch.setattr(app_module, "device", lambda: FAKE)
+    failure = None
+    with FakeDevice() as fake:
+        try:
+            on_fake = _rounds(cfg, tmp_path, "fake")
+        except Exception as err:  # noqa: BLE001 - the device errors below say more
+            failure = err
+    assert not fake.errors, "\n".join(dict.fromkeys(fake.errors))
+    assert failure is None, failure
+    assert on_fake == on_cpu
+
+
+def test_pflower_device_pins_the_device(monkeypatch):
+    from pflower.device import DEVICE_ENV, device
+
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
+    assert device() == torch.device("cpu")
+    monkeypatch.setenv(DEVICE_ENV, "tpu")
+    with pytest.raises(ValueError, match="PFLOWER_DEVICE='tpu' is not allowed: use cpu, cuda or cuda:N"):
+        device()
+    if not torch.cuda.is_available():
+        monkeypatch.setenv(DEVICE_ENV, "cuda")
+        with pytest.raises(ValueError, match="sees no GPU"):
+            device()
