@@ -8,6 +8,7 @@ naming the line, without a GPU.
 
 import importlib
 import json
+import os
 
 import pytest
 import torch
@@ -70,3 +71,49 @@ def test_pflower_device_pins_the_device(monkeypatch):
         monkeypatch.setenv(DEVICE_ENV, "cuda")
         with pytest.raises(ValueError, match="sees no GPU"):
             device()
+
+
+@pytest.fixture
+def nondeterministic(monkeypatch):
+    """Kernel settings as a fresh process has them (and TF32 on), put back to deterministic after."""
+    from pflower.device import deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
+    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn):
+        backend.fp32_precision = "tf32"
+    yield
+    deterministic_kernels()
+
+
+def kernel_settings() -> dict:
+    return {
+        "deterministic algorithms": (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        "cudnn": (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark),
+        "fp32": (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision),
+        "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+
+
+DETERMINISTIC = {"deterministic algorithms": (True, True), "cudnn": (True, False), "fp32": ("ieee",) * 3, "cublas": ":4096:8"}
+
+
+def test_the_client_app_sets_deterministic_kernels_before_it_builds_its_model(monkeypatch, grid_factory, tmp_path, fresh_models, nondeterministic):
+    seen = []
+    real = app_module.build_model
+    monkeypatch.setattr(app_module, "build_model", lambda *a: seen.append(kernel_settings()) or real(*a))
+    cfg = run_config(results_dir=str(tmp_path))
+    build_strategy(load_settings(cfg)).connect(grid_factory(cfg, 1), timeout=5)  # a query round
+    assert seen == [DETERMINISTIC]
+
+
+def test_the_server_app_sets_deterministic_kernels(nondeterministic):
+    from flwr.app import Context, RecordDict
+
+    from pflower.config import ConfigError
+    from pflower.server_app.app import main
+
+    with pytest.raises(ConfigError):
+        main(None, Context(1, 0, {}, RecordDict(), {"num-server-rounds": 0}))
+    assert kernel_settings() == DETERMINISTIC

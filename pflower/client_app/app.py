@@ -29,7 +29,7 @@ from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
-from pflower.device import device
+from pflower.device import deterministic_kernels, device
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
 from pflower import methods
 from pflower.models import build_model
@@ -37,7 +37,13 @@ from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
 
 
-app = ClientApp()
+def _deterministic(msg: Message, context: Context, call_next) -> Message:
+    """Every message runs with deterministic kernels, set before its handler's first CUDA work."""
+    deterministic_kernels()
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[_deterministic])
 
 
 @dataclass(frozen=True)

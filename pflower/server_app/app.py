@@ -13,6 +13,7 @@ from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, check_results_dir, load_settings
 from pflower.methods import build_strategy
 from pflower.datasets.node import CLASS_NAMES
+from pflower.device import deterministic_kernels
 from pflower.strategies.federation import Federation, NoClientsError
 from pflower.strategies.loop import RoundFailedError
 
@@ -37,6 +38,7 @@ logging.getLogger("flwr").addFilter(_ClearFailureWithoutTraceback())
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    deterministic_kernels()  # the server trains too (pFedLA's and pFedHN's hypernetworks)
     try:
         settings = load_settings(context.run_config)
         check_results_dir(settings)
