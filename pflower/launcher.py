@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -24,8 +25,9 @@ from contextlib import contextmanager
 from collections.abc import Iterator
 from pathlib import Path
 
+#: Set for every Flower process. Ray's RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO stays unset: Ray then
+#: gives an actor that asked for no GPU CUDA_VISIBLE_DEVICES='' (as under plain ``flwr run``).
 FLOWER_ENV = {
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -148,6 +150,26 @@ def _superlink(flwr_home: Path, extra_env: dict[str, str]) -> Iterator[int]:
         log.close()
 
 
+def gpu_share(text: str) -> float:
+    """A ``--gpus-per-client`` value Flower and Ray both count exactly, else ArgumentTypeError.
+
+    Flower sends the share as a 32-bit float and sizes its actor pool with int(GPUs / share);
+    Ray counts resources in steps of 0.0001 and takes whole numbers above 1. So 0.1 would give 9
+    actors per GPU where Ray fits 10: only 0, whole numbers and fractions exact in both pass.
+    """
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    exact = share >= 0 and struct.unpack("f", struct.pack("f", share))[0] == share and (share * 10_000).is_integer()
+    if not exact or (share > 1 and not share.is_integer()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a GPU share Flower and Ray count exactly: use 0 (CPU only), a whole "
+            "number, or a fraction such as 0.5, 0.25, 0.125, 0.0625 or 0.75"
+        )
+    return share
+
+
 def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
     """Flower's simulation settings: virtual SuperNodes and resources per ClientApp."""
     return f"num-supernodes={num_clients} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
@@ -252,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-c", "--run-config", default="", help='run-config overrides, e.g. "method=\'fedprox\' lr=0.01"')
     p.add_argument("--num-clients", type=int, default=10, help="virtual SuperNodes (clients)")
     p.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per ClientApp")
-    p.add_argument("--gpus-per-client", type=float, default=0.0, help="GPU share per ClientApp, e.g. 0.25 (0: CPU only)")
+    p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
+                   help="GPU share per ClientApp: 0 (CPU only; the ClientApps see no GPU), a whole number, or 0.5, 0.25, 0.125, ...")  # fmt: skip
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
     p.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: <app>/.flwr)")
     args = p.parse_args(argv)

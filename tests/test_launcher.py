@@ -52,6 +52,50 @@ def test_ray_head_is_found_by_ray_init_and_leaves_no_process(tmp_path):
 
 
 @pytest.mark.e2e
+def test_an_actor_without_a_gpu_sees_none_through_the_launchers_ray_head(tmp_path):
+    """Flower starts each ClientApp actor with the run's GPU share; with 0 Ray must hide every GPU
+    (CUDA_VISIBLE_DEVICES=''), as under plain ``flwr run``, not leave the variable unset."""
+    from pflower.launcher import flower_env
+    from pflower.ray_head import address_file, ray_head
+
+    env = {k: v for k, v in flower_env(tmp_path).items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    with ray_head(env, tmp_path / "head.log") as ray_env:
+        deadline = time.monotonic() + 180
+        while not address_file(ray_env["RAY_TMPDIR"]).exists():
+            assert time.monotonic() < deadline, (tmp_path / "head.log").read_text()
+            time.sleep(0.2)
+        driver = (
+            "import os, ray\n"
+            "ray.init(include_dashboard=False)\n"
+            "@ray.remote(num_cpus=1, num_gpus=0.0)\n"
+            "class Actor:\n"
+            "    def visible(self): return os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+            "print(repr(ray.get(Actor.remote().visible.remote())))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", driver], env={**env, **ray_env}, capture_output=True, text=True, timeout=180)
+    assert out.stdout.strip().splitlines()[-1:] == ["''"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("share", ["0", "0.5", "0.25", "0.125", "0.0625", "0.75", "1", "2"])
+def test_gpu_shares_flower_and_ray_count_exactly_are_accepted(share):
+    from pflower.launcher import gpu_share
+
+    assert gpu_share(share) == float(share)
+
+
+@pytest.mark.parametrize("share", ["0.1", "0.2", "0.3", "0.03125", "1.5", "-1", "a quarter"])
+def test_other_gpu_shares_stop_pflower_sim_at_argument_parsing(capsys, share):
+    from pflower.launcher import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--gpus-per-client", share, "--app", "/nonexistent"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --gpus-per-client: '{share}' is not a GPU share Flower and Ray count exactly" in err
+    assert "0.5, 0.25, 0.125" in err
+
+
+@pytest.mark.e2e
 def test_user_ray_address_wins(tmp_path):
     from pflower.ray_head import ray_head
 
