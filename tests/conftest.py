@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 import uuid
 from collections.abc import Callable, Iterable
@@ -17,6 +18,12 @@ from flwr.supercore.task_identity import TaskIdentity
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
 DEFAULTS = flatten_dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+#: The suite compares runs with references it computes on the CPU (in process at rel=1e-5 and
+#: below, Flower against in process at 1e-9): every ClientApp it runs, in this process or in the
+#: SuperLinks and Ray heads it starts, computes on the CPU too, GPU or not. tests/test_cuda.py
+#: chooses the GPU itself.
+os.environ["PFLOWER_DEVICE"] = "cpu"
 
 
 #: xdist groups, longest first: collected first, each starts on a worker of its own at once
@@ -198,3 +205,32 @@ def grid_factory():
         return InProcessGrid(app, cfg, num_clients, **kw)
 
     return make
+
+
+@pytest.fixture
+def client_module():
+    """The module ``pflower.client_app.app`` (its package exports the ClientApp under the same
+    name), with the models it caches per process built anew (on the device in force) and dropped after."""
+    import importlib
+
+    module = importlib.import_module("pflower.client_app.app")
+    caches = (module._shared, module._runtime, module._node_runtime)
+    for cache in caches:
+        cache.cache_clear()
+    yield module
+    for cache in caches:
+        cache.cache_clear()
+
+
+def in_process_rounds(cfg: dict, results: Path, num_clients: int = 3) -> list[dict]:
+    """Run ``cfg`` in process (results in ``results``); its per-round metrics without timings."""
+    import json
+
+    from pflower.client_app import app
+    from pflower.config import load_settings
+    from pflower.methods import build_strategy
+
+    cfg = {**cfg, "results-dir": str(results)}
+    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, num_clients))
+    doc = json.loads((results / "metrics.json").read_text())
+    return [{k: v for k, v in r.items() if "seconds" not in k} for r in doc["rounds"]]

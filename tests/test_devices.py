@@ -6,52 +6,28 @@ received (CPU) tensor from its model's or draws its model's weights on the devic
 naming the line, without a GPU.
 """
 
-import importlib
-import json
 import os
 
 import pytest
 import torch
 
-from conftest import InProcessGrid, run_config
+from conftest import in_process_rounds, run_config
 from fake_device import FAKE, FakeDevice
-from pflower.client_app import app
 from pflower.config import load_settings
 from pflower.methods import build_strategy, declarations
 
-N = 3
-app_module = importlib.import_module("pflower.client_app.app")  # the module, not the ClientApp it exports
-
-
-def _rounds(cfg: dict, tmp_path, name: str) -> list[dict]:
-    """The per-round metrics of the method's example run (2 rounds, 3 clients), timings left out."""
-    cfg = {**cfg, "results-dir": str(tmp_path / name)}
-    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, N))
-    doc = json.loads((tmp_path / name / "metrics.json").read_text())
-    return [{k: v for k, v in r.items() if "seconds" not in k} for r in doc["rounds"]]
-
-
-@pytest.fixture
-def fresh_models():
-    """The ClientApp's cached models are built anew (on the device in force) and dropped after."""
-    caches = (app_module._shared, app_module._runtime, app_module._node_runtime)
-    for cache in caches:
-        cache.cache_clear()
-    yield
-    for cache in caches:
-        cache.cache_clear()
-
 
 @pytest.mark.parametrize("method", sorted(declarations()))
-def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, fresh_models, method):
+def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, client_module, method):
+    """The method's example run (2 rounds, 3 clients) on the CPU, then on the fake device."""
     cfg = {**run_config(method=method, num_server_rounds=2, local_epochs=1), **declarations()[method].example}
-    on_cpu = _rounds(cfg, tmp_path, "cpu")
-    app_module._shared.cache_clear()
-    monkeypatch.setattr(app_module, "device", lambda: FAKE)
+    on_cpu = in_process_rounds(cfg, tmp_path / "cpu")
+    client_module._shared.cache_clear()
+    monkeypatch.setattr(client_module, "device", lambda: FAKE)
     failure = None
     with FakeDevice() as fake:
         try:
-            on_fake = _rounds(cfg, tmp_path, "fake")
+            on_fake = in_process_rounds(cfg, tmp_path / "fake")
         except Exception as err:  # noqa: BLE001 - the device errors below say more
             failure = err
     assert not fake.errors, "\n".join(dict.fromkeys(fake.errors))
@@ -99,10 +75,10 @@ def kernel_settings() -> dict:
 DETERMINISTIC = {"deterministic algorithms": (True, True), "cudnn": (True, False), "fp32": ("ieee",) * 3, "cublas": ":4096:8"}
 
 
-def test_the_client_app_sets_deterministic_kernels_before_it_builds_its_model(monkeypatch, grid_factory, tmp_path, fresh_models, nondeterministic):
+def test_the_client_app_sets_deterministic_kernels_before_it_builds_its_model(monkeypatch, grid_factory, tmp_path, client_module, nondeterministic):
     seen = []
-    real = app_module.build_model
-    monkeypatch.setattr(app_module, "build_model", lambda *a: seen.append(kernel_settings()) or real(*a))
+    real = client_module.build_model
+    monkeypatch.setattr(client_module, "build_model", lambda *a: seen.append(kernel_settings()) or real(*a))
     cfg = run_config(results_dir=str(tmp_path))
     build_strategy(load_settings(cfg)).connect(grid_factory(cfg, 1), timeout=5)  # a query round
     assert seen == [DETERMINISTIC]
