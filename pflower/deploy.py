@@ -21,6 +21,7 @@ import ipaddress
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,12 +132,19 @@ class Network:
     def _ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
+    def accept_forwarding(self) -> None:
+        """Let traffic cross the bridge where the FORWARD chain drops it (dockerd sets its policy to
+        DROP): one rule for this bridge only, removed by :meth:`down`. Without iptables, nothing."""
+        if shutil.which("iptables") and subprocess.run(forward_rule(self.bridge, "-I"), capture_output=True, check=False).returncode == 0:
+            self.created.append("forward")
+
     def up(self) -> None:
         try:
             self._ip("link", "add", self.bridge, "type", "bridge")
             self.created.append("bridge")
             self._ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
             self._ip("link", "set", self.bridge, "up")
+            self.accept_forwarding()
             for i, name in enumerate(self.names):
                 ns, outer, inner = self.ns(name), f"{self.tag}v{i}", f"{self.tag}p{i}"
                 self._ip("netns", "add", ns)
@@ -152,13 +160,26 @@ class Network:
             raise SystemExit(f"could not create network namespaces ({' '.join(err.cmd)}): {err.stderr.strip()}") from None
 
     def down(self) -> None:
-        for item in reversed(self.created):
-            cmd = ["link", "del", self.bridge] if item == "bridge" else ["netns", "del", item]
-            subprocess.run(["ip", *cmd], capture_output=True, check=False)
+        remove_network(self.created, self.bridge)
         self.created.clear()
 
     def prefix(self, name: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns(name)]
+
+
+def forward_rule(bridge: str, action: str) -> list[str]:
+    """The iptables command that inserts (``-I``) or deletes (``-D``) the bridge's FORWARD rule."""
+    return ["iptables", action, "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+
+
+def remove_network(created: Sequence[str], bridge: str) -> None:
+    """Undo :meth:`Network.up`'s steps, newest first: namespaces, the FORWARD rule, the bridge."""
+    for item in reversed(created):
+        if item == "forward":
+            cmd = forward_rule(bridge, "-D")
+        else:
+            cmd = ["ip", "link", "del", bridge] if item == "bridge" else ["ip", "netns", "del", item]
+        subprocess.run(cmd, capture_output=True, check=False)
 
 
 def _free_port() -> int:
@@ -425,11 +446,8 @@ def down(workdir: Path) -> None:
                 time.sleep(1)
             except ProcessLookupError:
                 break
-    for ns in state["netns"]:
-        if ns != "bridge":
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
     if state.get("bridge"):
-        subprocess.run(["ip", "link", "del", state["bridge"]], capture_output=True, check=False)
+        remove_network(state["netns"], state["bridge"])
     path.unlink()
 
 
