@@ -4,7 +4,9 @@ On loopback, or (``--netns``, as root) every process in its own network namespac
 veth pairs to a bridge: one host per process, as on separate machines. TLS with a generated
 CA and SuperNode authentication with one key pair per node are the default; ``--insecure``
 must be asked for and prints a warning. Each SuperNode gets its client id and a personal
-``state-dir`` through ``--node-config``; the SuperLink keeps its state in a database file.
+``state-dir`` through ``--node-config``; the SuperLink keeps its state in a database file. On a
+machine with GPUs SuperNode i sees one, the i-th of them round robin (``CUDA_VISIBLE_DEVICES``'s
+entries if you set it, else every GPU), so the nodes' ClientApps do not all train on ``cuda:0``.
 
     pflower-deploy up --nodes 3 --dir deploy            # TLS + authentication, loopback
     pflower-deploy up --nodes 3 --dir deploy --netns    # each process in its own namespace
@@ -182,6 +184,16 @@ def remove_network(created: Sequence[str], bridge: str) -> None:
         subprocess.run(cmd, capture_output=True, check=False)
 
 
+def visible_gpus(env: dict[str, str]) -> list[str]:
+    """The GPUs a process started with ``env`` may use: ``CUDA_VISIBLE_DEVICES``'s entries if set
+    (ids or UUIDs; empty: none), else every GPU CUDA counts."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -225,12 +237,17 @@ class Deployment:
     def _prefix(self, name: str) -> list[str]:
         return self.net.prefix(name) if self.net else []
 
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+    def node_env(self, i: int) -> dict[str, str]:
+        """SuperNode ``i``'s environment: it sees one GPU, the i-th round robin (none without GPUs)."""
+        gpus = visible_gpus(self._env())
+        return {**self._env(), "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else self._env()
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``cmd`` as process ``name``; ``<host>-<suffix>`` runs in host's namespace."""
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([*self._prefix(name.split("-")[0]), *cmd], env=self._env(), stdout=log,
+            proc = subprocess.Popen([*self._prefix(name.split("-")[0]), *cmd], env=env or self._env(), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir)  # fmt: skip
         self.procs[name] = proc
         self._save()
@@ -388,7 +405,7 @@ class Deployment:
         cmd += ["--root-certificates", str(pki / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:
             cmd += ["--auth-supernode-private-key", str(key or pki / "keys" / f"node{i}")]
-        return self._spawn(name or f"node{i}", cmd)
+        return self._spawn(name or f"node{i}", cmd, self.node_env(i))
 
     def restart_node(self, i: int, timeout: float = 240) -> subprocess.Popen:
         """Start crashed SuperNode ``i`` again, as a supervisor would; returns once it is back.

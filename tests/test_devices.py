@@ -93,3 +93,19 @@ def test_the_server_app_sets_deterministic_kernels(nondeterministic):
     with pytest.raises(ConfigError):
         main(None, Context(1, 0, {}, RecordDict(), {"num-server-rounds": 0}))
     assert kernel_settings() == DETERMINISTIC
+
+
+def test_deployed_supernodes_each_see_one_gpu_round_robin(monkeypatch, tmp_path):
+    from pflower.deploy import Deployment
+
+    spawned = {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,GPU-5e1f")
+    dep = Deployment(tmp_path, nodes=3, tls=False, auth=False)
+    monkeypatch.setattr(dep, "_spawn", lambda name, cmd, env=None: spawned.setdefault(name, env))
+    for i in range(3):
+        dep.start_node(i)
+    assert [spawned[f"node{i}"]["CUDA_VISIBLE_DEVICES"] for i in range(3)] == ["0", "GPU-5e1f", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the user hid every GPU: so do the nodes
+    assert dep.node_env(1)["CUDA_VISIBLE_DEVICES"] == ""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert ("CUDA_VISIBLE_DEVICES" in dep.node_env(0)) == torch.cuda.is_available()
