@@ -82,6 +82,8 @@ def _refuse(err: Exception) -> Exception:
 
 
 def _run(func, args, kwargs):
+    """One op on (or onto) the fake device: refuse a mix as CUDA would, run it on the values, wrap
+    what lands on the fake device."""
     name = func._schema.name
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     fake = any(isinstance(t, OnDevice) for t in tensors)
