@@ -1,8 +1,11 @@
-"""The docker files, checked without a Docker engine (none runs here): compose structure and
-merge, every service command parsed by the pinned Flower's own argument parsers, the image
-built from this repository's package, and the certificate script's output."""
+"""The docker files, checked without a Docker engine (the fast layer; tests/test_docker_demo.py
+runs the demo for real): compose structure and merge, every service command parsed by the pinned
+Flower's own argument parsers, volumes mounted where the images' user owns the folder, health
+checks and no restart policy, the image built once from this repository's package, and the
+certificate script's output."""
 
 import ipaddress
+import os
 import re
 import subprocess
 import tomllib
@@ -81,17 +84,46 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
             assert cfg["num-partitions"] == len(nodes) and cfg["state-dir"] == "/app/state" and cfg["data-dir"] == "/app/data"
             assert args.superlink == "superlink:9092"
             if tls:
-                assert args.auth_supernode_private_key.endswith(f"keys/node{cfg['partition-id']}")
+                assert args.auth_supernode_private_key == f"/app/certs/node{cfg['partition-id']}"
         if image.startswith("pflower-superexec"):
             host = args.runtime_api_address.split(":")[0]
             assert host == "superlink" or host in nodes, f"{svc_name} dials {host}"
-            assert svc["build"]["dockerfile"] == "docker/Dockerfile"
     assert sorted(partitions) == list(range(len(nodes)))
     # each node's own data is mounted read-only into its ClientApp executor only
     data = {n: [v for v in s.get("volumes", []) if v.split(":")[1] == "/app/data"] for n, s in services.items()}
     executors = {s["command"][s["command"].index("--runtime-api-address") + 1].split(":")[0]: n for n, s in services.items() if "--runtime-api-address" in s["command"]}
     assert {n: v for n, v in data.items() if v} == {executors[node]: [f"./node-data/node{i}:/app/data:ro"] for i, node in enumerate(nodes)}
     assert all(services[executors[node]]["environment"]["PFLOWER_CACHE"].startswith("/app/state/") for node in nodes)
+    # the executor image is built by one service and used by every executor
+    builders = [n for n, svc in services.items() if "build" in svc]
+    assert builders == ["serverapp"] and services["serverapp"]["build"]["dockerfile"] == "docker/Dockerfile"
+    assert {svc["image"] for n, svc in services.items() if "--runtime-api-address" in svc["command"]} == {services["serverapp"]["image"]}
+    # every process can write its volumes: a named volume is mounted where the image has a folder
+    # owned by its user (Flower's images: /app; the executor image: the folders its Dockerfile makes)
+    made = set(re.search(r"mkdir -p ([^\n\\&]+)", (DOCKER / "Dockerfile").read_text()).group(1).split())
+    for svc_name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            source, target = vol.split(":")[:2]
+            if source in volumes:
+                owned = made if svc["image"].startswith("pflower-superexec") else {"/app"}
+                assert target in owned, f"{svc_name}: volume {source} on {target}, not on a folder the image's user owns"
+    # failures are loud: health checks on the SuperLink and the SuperNodes, dependencies on health, no restarts
+    assert not [n for n, svc in services.items() if "restart" in svc]
+    for svc_name, svc in services.items():
+        if svc["image"].startswith(("flwr/superlink:", "flwr/supernode:")):
+            assert svc["healthcheck"]["test"][0] == "CMD", svc_name
+        for dep in svc.get("depends_on", {}):
+            wanted = "service_healthy" if "healthcheck" in services[dep] else "service_started"
+            assert svc["depends_on"][dep]["condition"] == wanted, f"{svc_name} -> {dep}"
+    if name != "compose.yml":  # each private key only where it is used
+        for svc_name, svc in services.items():
+            keys = {v.split(":")[0] for v in svc.get("volumes", []) if v.startswith("./certs/") and not v.startswith("./certs/ca.crt")}
+            if svc_name == "superlink":
+                assert keys == {"./certs/server.pem", "./certs/server.key"}
+            elif svc_name.startswith("supernode-"):
+                assert keys == {"./certs/server.pem", "./certs/server.key", f"./certs/keys/node{svc_name[-1]}"}, svc_name
+            else:
+                assert keys == set(), svc_name
     # one ClientApp executor per SuperNode
     dialed = sorted(s["command"][s["command"].index("--runtime-api-address") + 1] for s in services.values() if "--runtime-api-address" in s["command"])
     assert dialed == sorted(["superlink:8000", *(f"{n}:9094" for n in nodes)])
@@ -100,9 +132,15 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
 def test_dockerfile_installs_this_repository_on_the_pinned_flower_image():
     text = (DOCKER / "Dockerfile").read_text()
     assert f"ARG FLWR_VERSION={FLWR_PIN}" in text and "FROM flwr/superexec:${FLWR_VERSION}" in text
-    assert "COPY --chown=app:app pyproject.toml README.md ./" in text and "COPY --chown=app:app pflower ./pflower" in text
-    assert re.search(r"pip install .* \.$", text, re.M)
+    # dependencies from pyproject.toml alone, then the package: a code change rebuilds one layer
+    copies = re.findall(r"^COPY --chown=app:app (.+) \./(?:pflower)?$", text, re.M)
+    assert copies == ["pyproject.toml", "README.md", "pflower"], copies
+    assert text.index("-r /tmp/requirements.txt") < text.index("COPY --chown=app:app pflower")
+    assert re.search(r"pip install --no-cache-dir --no-deps --no-build-isolation \.$", text, re.M)
     assert 'ENTRYPOINT ["flower-superexec"]' in text
+    # a build sends the package and its metadata only (no .venv, results or data)
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert ignore[0] == "*" and {l for l in ignore if l.startswith("!")} == {"!pyproject.toml", "!README.md", "!pflower/"}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["pflower"]
 
@@ -119,3 +157,7 @@ def test_certificate_script_covers_every_service_name(tmp_path):
     assert set(san.get_values_for_type(x509.DNSName)) >= {"superlink", "supernode-0", "supernode-1", "supernode-2", "localhost"}
     assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
     assert all((certs / "keys" / f"node{i}.pub").read_text().startswith("ecdsa-sha2-nistp384 ") for i in range(3))
+    # the containers' user (uid 49999) can read the private keys
+    for key in [certs / "server.key", *(certs / "keys" / f"node{i}" for i in range(3))]:
+        st = key.stat()
+        assert (st.st_uid == 49999 and st.st_mode & 0o777 == 0o600) if os.geteuid() == 0 else st.st_mode & 0o004, key
