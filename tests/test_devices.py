@@ -51,9 +51,12 @@ def test_pflower_device_pins_the_device(monkeypatch):
 
 @pytest.fixture
 def nondeterministic(monkeypatch):
-    """Kernel settings as a fresh process has them (and TF32 on), put back to deterministic after."""
+    """Kernel settings as a fresh process has them (and TF32 on), in a process that computes on
+    CUDA (as far as the settings go; the models stay on the CPU); put back after."""
+    import pflower.device
     from pflower.device import deterministic_kernels
 
+    monkeypatch.setattr(pflower.device, "uses_cuda", lambda: True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, True
@@ -61,6 +64,18 @@ def nondeterministic(monkeypatch):
         backend.fp32_precision = "tf32"
     yield
     deterministic_kernels()
+    torch.use_deterministic_algorithms(False)
+
+
+def test_a_cpu_process_leaves_pytorchs_deterministic_switch_off(monkeypatch):
+    """On the CPU the switch buys nothing and costs every process start: only the flags are set."""
+    from pflower.device import deterministic_kernels
+
+    monkeypatch.setenv("PFLOWER_DEVICE", "cpu")
+    torch.use_deterministic_algorithms(False)
+    deterministic_kernels()
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == (True, False)
 
 
 def kernel_settings() -> dict:
