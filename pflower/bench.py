@@ -1,11 +1,15 @@
 """The benchmark harness: grids of (method x partition x seed) through the real Flower simulation.
 
-``pflower-bench SUITE`` reads the suite from ``bench/suites.toml``, runs every run that has not
-finished yet (a run is finished when its results-dir holds a metrics.json with all its rounds,
-so an interrupted suite resumes where it stopped), then writes per grid a Markdown and a CSV
-table (mean +- std over seeds of the final mean and weighted accuracy, total bytes, wall time),
-the accuracy-per-round and accuracy-vs-bytes figures, and with ``--readme`` replaces the
-suite's block in the README (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``).
+``pflower-bench SUITE`` reads the suite from ``bench/suites.toml`` and runs every run that has
+no record yet. Each finished run leaves a compact record, ``bench/records/SUITE/GRID/LABEL/seedK.json``
+(its config, per-round accuracy and bytes, final metrics, the mechanism figures of its last
+round; no checkpoint or model), committed with the tables it produced; a run's full results-dir
+(``bench/results``, not kept) holds its checkpoint and logs. An interrupted suite resumes at the
+first run without a record. The report is built from the records alone: per grid a Markdown and
+a CSV table (mean +- std over seeds of the final mean and weighted accuracy, total bytes, wall
+time) and the accuracy-per-round and accuracy-vs-bytes figures, written into the docs page that
+holds the suite's block (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``) with the
+figures under ``docs/figures/bench/SUITE/``. ``--report-only`` on a fresh clone rebuilds them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import time
 import tomllib
 from dataclasses import dataclass
@@ -23,10 +28,16 @@ import numpy as np
 from flwr.common.config import flatten_dict
 
 from pflower.config import ConfigError, load_settings
+from pflower.methods import declarations
 from pflower.launcher import simulation_superlink, submit
 from pflower.plots import plot_comparison, plot_mean_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "bench" / "records"
+DOCS = ROOT / "docs"
+#: Per-round entries too large to keep for every round: a record keeps them for the last round
+#: that has them (the figures of the final state need no more).
+LAST_ROUND_ONLY = ("alpha",)
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,13 @@ class Run:
 
     def directory(self, results: Path, suite: str) -> Path:
         return results / suite / self.grid / self.label / f"seed{self.seed}"
+
+    def record(self, records: Path, suite: str) -> Path:
+        return records / suite / self.grid / self.label / f"seed{self.seed}.json"
+
+    @property
+    def rounds(self) -> int:
+        return int(self.config.get("num-server-rounds", 20))
 
 
 def _toml_value(v: Any) -> str:
@@ -64,6 +82,8 @@ def load_suite(path: Path, name: str) -> tuple[dict, list[Run]]:
         common["data-dir"] = str((path.parent / common["data-dir"]).resolve())
     runs = []
     for grid in suite["grid"]:
+        if grid.get("examples"):  # every declared method with its declaration's example keys
+            grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]
         for entry in grid["methods"]:
             entry = {"method": entry} if isinstance(entry, str) else dict(entry)
             label = entry.pop("label", entry["method"])
@@ -73,17 +93,52 @@ def load_suite(path: Path, name: str) -> tuple[dict, list[Run]]:
     return suite, runs
 
 
-def finished(directory: Path, rounds: int) -> bool:
-    path = directory / "metrics.json"
+def make_record(metrics: dict[str, Any], wall_seconds: float, clients: int) -> dict[str, Any]:
+    """A run's compact record from its metrics.json: everything but the per-round entries of
+    :data:`LAST_ROUND_ONLY` before the last round that has them, plus the bench's wall time."""
+    rounds = [dict(r) for r in metrics["rounds"]]
+    for key in LAST_ROUND_ONLY:
+        having = [r for r in rounds if key in r]
+        for r in having[:-1]:
+            del r[key]
+    return {**metrics, "rounds": rounds, "bench": {"wall-seconds": wall_seconds, "clients": clients}}
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` atomically (an interrupted write never leaves a record that reads as finished)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def load_record(run: Run, records: Path, suite: str) -> dict[str, Any] | None:
+    """The run's record if it has all its rounds, else None."""
+    path = run.record(records, suite)
     if not path.is_file():
-        return False
+        return None
     doc = json.loads(path.read_text())
-    return len(doc.get("rounds", [])) >= rounds and (directory / "bench.json").is_file()
+    return doc if len(doc.get("rounds", [])) >= run.rounds else None
 
 
-def execute(runs: list[Run], results: Path, suite: str) -> None:
-    """Run what is not finished on one private simulation SuperLink."""
-    todo = [r for r in runs if not finished(r.directory(results, suite), int(r.config.get("num-server-rounds", 20)))]
+def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
+    """A run is finished when it has a record; a results-dir that finished (metrics.json with
+    every round and the bench's bench.json) but has no record yet gets one now."""
+    if load_record(run, records, suite) is not None:
+        return True
+    d = run.directory(results, suite)
+    if not (d / "metrics.json").is_file() or not (d / "bench.json").is_file():
+        return False
+    metrics, bench = json.loads((d / "metrics.json").read_text()), json.loads((d / "bench.json").read_text())
+    if len(metrics.get("rounds", [])) < run.rounds:
+        return False
+    write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"]))
+    return True
+
+
+def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS) -> None:
+    """Run what has no record on one private simulation SuperLink; record each run as it ends."""
+    todo = [r for r in runs if not finished(r, results, records, suite)]
     for run in todo:  # every run's config is checked before the first one starts
         try:
             load_settings(dict(run.config))
@@ -106,7 +161,8 @@ def execute(runs: list[Run], results: Path, suite: str) -> None:
             if status != "finished:completed":
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{status}'; log in {d / 'run.log'}")
             (d / "bench.json").write_text(json.dumps({"wall-seconds": wall, "clients": run.clients}))
-            print(f"    done in {wall:.0f} s", flush=True)
+            finished(run, results, records, suite)
+            print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -114,12 +170,13 @@ def _mean_std(values: list[float]) -> str:
     return f"{a.mean():.4f}" if len(a) == 1 else f"{a.mean():.4f} ± {a.std(ddof=1):.4f}"
 
 
-def grid_rows(runs: list[Run], results: Path, suite: str) -> list[dict[str, Any]]:
-    """One row per method label of a grid: its runs' final figures over seeds."""
+def grid_rows(runs: list[Run], records: Path, suite: str) -> list[dict[str, Any]]:
+    """One row per method label of a grid: its recorded runs' final figures over seeds."""
     rows = []
     for label in dict.fromkeys(r.label for r in runs):
-        docs = [(json.loads((r.directory(results, suite) / "metrics.json").read_text()),
-                 json.loads((r.directory(results, suite) / "bench.json").read_text())) for r in runs if r.label == label]  # fmt: skip
+        docs = [(d, d["bench"]) for r in runs if r.label == label and (d := load_record(r, records, suite)) is not None]
+        if not docs:
+            continue
         final = [d["final"] for d, _ in docs]
         row = {
             "method": label,
@@ -150,7 +207,7 @@ def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str
     return f"Our ordering ({' > '.join(ranked)}) differs from the paper's ({' > '.join(common)})."
 
 
-def markdown(grid: dict, rows: list[dict[str, Any]]) -> str:
+def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) -> str:
     has_global = all("global-accuracy" in r for r in rows)
     has_oracle = any("oracle-accuracy" in r for r in rows)
     head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else [])
@@ -167,19 +224,32 @@ def markdown(grid: dict, rows: list[dict[str, Any]]) -> str:
         lines += ["", f"Paper: {paper['text']}"]
     if sentence := ordering_sentence(rows, paper.get("order", [])):
         lines += ["", sentence]
+    if figures:
+        lines += ["", " ".join(f"![{Path(f).stem}]({f})" for f in figures)]
     return "\n".join(lines) + "\n"
 
 
-def report(suite_name: str, suite: dict, runs: list[Run], results: Path, readme: Path | None) -> str:
-    """Tables (Markdown, CSV) and figures per grid; the Markdown of the whole suite."""
-    out_dir = results / suite_name
+def suite_page(suite_name: str, docs: Path = DOCS) -> Path | None:
+    """The docs page that holds the suite's block, if one does."""
+    marker = f"<!-- bench:{suite_name}:start -->"
+    pages = [p for p in sorted(docs.rglob("*.md")) if marker in p.read_text()]
+    if len(pages) > 1:
+        raise SystemExit(f"'{marker}' is in more than one page: {', '.join(map(str, pages))}")
+    return pages[0] if pages else None
+
+
+def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir: Path, page: Path | None) -> str:
+    """From the records alone: tables (Markdown, CSV in ``out_dir``) and figures per grid, and the
+    suite's block of ``page`` with the figures beside it (``figures/SUITE/`` next to the page)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    figure_dir = page.parent / "figures" / suite_name if page is not None else out_dir
+    figure_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     with open(out_dir / "table.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["grid", "method", "seeds", "accuracy-mean", "accuracy-std", "weighted-mean", "global-mean", "mib", "wall-s"])
         for grid in suite["grid"]:
-            rows = grid_rows([r for r in runs if r.grid == grid["name"]], results, suite_name)
+            rows = grid_rows([r for r in runs if r.grid == grid["name"]], records, suite_name)
             if not rows:
                 continue
             for r in rows:
@@ -187,37 +257,70 @@ def report(suite_name: str, suite: dict, runs: list[Run], results: Path, readme:
                 writer.writerow([grid["name"], r["method"], r["seeds"], f"{acc.mean():.4f}", f"{acc.std(ddof=1) if len(acc) > 1 else 0:.4f}",
                                  f"{np.mean(r['weighted-accuracy']):.4f}", f"{np.mean(r['global-accuracy']):.4f}" if "global-accuracy" in r else "",
                                  f"{r['mb']:.2f}", f"{r['wall-s']:.1f}"])  # fmt: skip
-            figure = out_dir / f"{grid['name']}-accuracy.png"
-            plot_mean_accuracy({r["method"]: r["docs"] for r in rows}, figure, grid.get("title", grid["name"]))
-            plot_comparison({r["method"]: r["docs"][0] for r in rows}, out_dir / f"{grid['name']}-bytes.png")
-            parts.append(markdown(grid, rows))
+            figures = [figure_dir / f"{grid['name']}-accuracy.png", figure_dir / f"{grid['name']}-bytes.png"]
+            plot_mean_accuracy({r["method"]: r["docs"] for r in rows}, figures[0], grid.get("title", grid["name"]))
+            plot_comparison({r["method"]: r["docs"][0] for r in rows}, figures[1])
+            links = [f.relative_to(page.parent).as_posix() for f in figures] if page is not None else []
+            parts.append(markdown(grid, rows, links))
     text = "\n".join(parts)
     (out_dir / "table.md").write_text(text)
-    if readme is not None:
+    if page is not None:
         start, end = f"<!-- bench:{suite_name}:start -->", f"<!-- bench:{suite_name}:end -->"
-        content = readme.read_text()
+        content = page.read_text()
         if start not in content or end not in content:
-            raise SystemExit(f"{readme} has no '{start}' ... '{end}' block")
+            raise SystemExit(f"{page} has no '{start}' ... '{end}' block")
         head, rest = content.split(start, 1)
-        readme.write_text(head + start + "\n" + text + rest[rest.index(end) :])
+        page.write_text(head + start + "\n" + text + rest[rest.index(end) :])
     return text
 
 
+def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "bench" / "suites.toml") -> str:
+    """A method's docs paragraph: its declared example as the ``examples`` suite recorded it (the
+    command that reruns it, and the mean accuracy per evaluated round). A method with no record
+    is an error: every method's page shows a measured run."""
+    suite, runs = load_suite(suites, "examples")
+    run = next((r for r in runs if r.label == name), None)
+    doc = load_record(run, records, "examples") if run is not None else None
+    if doc is None:
+        raise ValueError(f"method '{name}' has no record of its example: run `pflower-bench examples`")
+    keys = {"method": name, **{k: v for k, v in run.config.items() if k not in ("seed", "method")}}
+    rows = [r for r in doc["rounds"] if r.get("accuracy") is not None]
+    shown = [r for r in rows if r["round"] in {rows[0]["round"], 2, 5, rows[-1]["round"]}]
+    record = run.record(records, "examples").relative_to(records.parent.parent) if records == RECORDS else run.record(records, "examples")
+    lines = [
+        f"Its example, measured (`pflower-bench examples`; record `{record}`), on the default data"
+        f" ({suite['grid'][0]['title'].split(': ', 1)[1]}):",
+        "",
+        "```bash",
+        f'scripts/run.sh -c "{run_config_string(keys)}"',
+        "```",
+        "",
+        "| round | " + " | ".join(str(r["round"]) for r in shown) + " |",
+        "|" + " --- |" * (len(shown) + 1),
+        "| mean test accuracy | " + " | ".join(f"{r['accuracy']:.3f}" for r in shown) + " |",
+    ]
+    if all("train-loss" in r and r["train-loss"] is not None for r in shown):
+        lines.append("| mean training loss | " + " | ".join(f"{r['train-loss']:.3f}" for r in shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pflower-bench", description="Run a benchmark suite (resumable) and build its tables and figures.")
+    p = argparse.ArgumentParser(prog="pflower-bench", description="Run a benchmark suite (resumable), record its runs and build its tables and figures.")
     p.add_argument("suite", help="a suite of the suite file, e.g. 'small' or 'full'")
     p.add_argument("--file", type=Path, default=ROOT / "bench" / "suites.toml", help="suite file (default: bench/suites.toml)")
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where run results go (default: bench/results)")
-    p.add_argument("--readme", type=Path, help="replace the suite's block in this README with the tables")
-    p.add_argument("--report-only", action="store_true", help="build tables and figures from the runs finished so far (the seeds column says how many)")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where run results go, checkpoints and logs included (default: bench/results, not kept)")
+    p.add_argument("--records", type=Path, default=RECORDS, help="where the runs' records go, the report's only input (default: bench/records, committed)")
+    p.add_argument("--page", type=Path, help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it)")
+    p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite)
-    results = args.results.resolve()
-    if args.report_only:
-        runs = [r for r in runs if finished(r.directory(results, args.suite), int(r.config.get("num-server-rounds", 20)))]
-    else:
-        execute(runs, results, args.suite)
-    print(report(args.suite, suite, runs, results, args.readme))
+    results, records = args.results.resolve(), args.records.resolve()
+    if not args.report_only:
+        execute(runs, results, args.suite, records)
+    page = args.page or suite_page(args.suite)
+    print(report(args.suite, suite, runs, records, results / args.suite, page))
+    if page is not None:
+        print(f"tables written into {page}", flush=True)
     return 0
 
 

@@ -1,11 +1,11 @@
-"""The benchmark harness: suite files, resumable execution on real Flower, tables and README block."""
+"""The benchmark harness: suite files, resumable execution on real Flower, records, tables and the docs block."""
 
 import json
 import tomllib
 
 import pytest
 
-from pflower.bench import ROOT, execute, load_suite, main, ordering_sentence, report
+from pflower.bench import RECORDS, ROOT, execute, finished, load_suite, main, make_record, ordering_sentence, report, suite_page
 from pflower.config import load_settings
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
@@ -58,7 +58,7 @@ def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
     (tmp_path / "suites.toml").write_text(SUITE.replace('lr = 0.01 }', 'lr = 0.01, fedprox.mu = 0.1 }'))
     _, runs = load_suite(tmp_path / "suites.toml", "tiny")
     with pytest.raises(SystemExit, match="run g/fedavg-slow/seed0: .*'fedprox.mu' = 0.1 is not allowed: belongs to method 'fedprox'"):
-        execute(runs, tmp_path / "results", "tiny")
+        execute(runs, tmp_path / "results", "tiny", tmp_path / "records")
     assert not (tmp_path / "results" / "tiny").exists()
 
 
@@ -78,7 +78,11 @@ def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
     _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
     _fake_run(results / "tiny" / "g" / "local" / "seed1", 0.7)
     (results / "tiny" / "g" / "fedavg-slow" / "seed0").mkdir(parents=True)  # started, not finished
-    assert main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--report-only"]) == 0
+    execute_none = ["--records", str(tmp_path / "records"), "--page", str(tmp_path / "page.md")]
+    (tmp_path / "page.md").write_text("<!-- bench:tiny:start -->\n<!-- bench:tiny:end -->\n")
+    for run in load_suite(tmp_path / "suites.toml", "tiny")[1]:  # the finished results-dirs get their records
+        finished(run, results, tmp_path / "records", "tiny")
+    assert main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--report-only", *execute_none]) == 0
     out = capsys.readouterr().out
     assert "| local | 0.6000 ± 0.1414 | 0.6000 ± 0.1414 | 2.0 | 10 | 2 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
@@ -91,30 +95,76 @@ def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, 
     results = tmp_path / "results"
     _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
     _fake_run(results / "tiny" / "g" / "fedavg-slow" / "seed0", 0.6, **{"oracle-accuracy": 0.75})
-    main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--report-only"])
+    for run in load_suite(tmp_path / "suites.toml", "tiny")[1]:
+        finished(run, results, tmp_path / "records", "tiny")
+    main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--records", str(tmp_path / "records"), "--report-only"])
     out = capsys.readouterr().out
     assert "| method | final mean acc. | weighted acc. | acc. at test-chosen λ | MiB (down + up) | wall s | seeds |" in out
     assert "| local | 0.5000 | 0.5000 | — | 2.0 | 10 | 1 |" in out and "| fedavg-slow | 0.6000 | 0.6000 | 0.7500 | 2.0 | 10 | 1 |" in out
 
 
 @pytest.mark.e2e
-def test_a_suite_runs_on_flower_resumes_and_writes_its_tables(tmp_path, capsys):
+def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, capsys):
     suite_file = tmp_path / "suites.toml"
     suite_file.write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', '{ label'))
     suite, runs = load_suite(suite_file, "tiny")
-    results = tmp_path / "results"
-    execute(runs, results, "tiny")
+    results, records = tmp_path / "results", tmp_path / "records"
+    execute(runs, results, "tiny", records)
     doc = json.loads((runs[0].directory(results, "tiny") / "metrics.json").read_text())
     assert doc["config"]["lr"] == 0.01 and len(doc["rounds"]) == 1
-    execute(runs, results, "tiny")  # finished runs are skipped
+    record = json.loads(runs[0].record(records, "tiny").read_text())
+    assert record["final"] == doc["final"] and record["config"] == doc["config"] and record["bench"]["clients"] == 3
+    assert not list(records.rglob("*.pt")) and not list(records.rglob("*.tmp"))
+    execute(runs, results, "tiny", records)  # recorded runs are skipped
     assert "1 of 1 runs already finished; running 0" in capsys.readouterr().out
-    readme = tmp_path / "README.md"
-    readme.write_text("before\n<!-- bench:tiny:start -->\nold\n<!-- bench:tiny:end -->\nafter\n")
-    text = report("tiny", suite, runs, results, readme)
+    import shutil
+
+    shutil.rmtree(results)  # the report needs the records only
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text("before\n<!-- bench:tiny:start -->\nold\n<!-- bench:tiny:end -->\nafter\n")
+    text = report("tiny", suite, runs, records, results / "tiny", page)
     acc = doc["final"]["accuracy"]
     assert f"| fedavg-slow | {acc:.4f} |" in text and "Paper: numbers of the paper." in text
-    new = readme.read_text()
+    new = page.read_text()
     assert new.startswith("before\n<!-- bench:tiny:start -->\n#### digits, 3 clients") and new.endswith("<!-- bench:tiny:end -->\nafter\n")
-    assert "old" not in new
+    assert "old" not in new and "![g-accuracy](figures/tiny/g-accuracy.png) ![g-bytes](figures/tiny/g-bytes.png)" in new
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1].startswith("g,fedavg-slow,1,")
-    assert (results / "tiny" / "g-accuracy.png").exists() and (results / "tiny" / "g-bytes.png").exists()
+    assert (page.parent / "figures" / "tiny" / "g-accuracy.png").exists() and (page.parent / "figures" / "tiny" / "g-bytes.png").exists()
+
+
+def test_a_record_keeps_the_large_per_round_entries_for_the_last_round_only():
+    metrics = {"config": {"method": "pfedla"}, "final": {"accuracy": 0.5},
+               "rounds": [{"round": k, "accuracy": 0.1 * k, "alpha": {"0": [[k]]}, "alpha-structure": {"ratio": k}} for k in (1, 2, 3)]}  # fmt: skip
+    record = make_record(metrics, 12.5, 4)
+    assert [("alpha" in r, r["alpha-structure"]["ratio"], r["accuracy"]) for r in record["rounds"]] == [(False, 1, 0.1), (False, 2, 0.2), (True, 3, 0.30000000000000004)]
+    assert record["rounds"][-1]["alpha"] == {"0": [[3]]} and record["bench"] == {"wall-seconds": 12.5, "clients": 4}
+    assert "alpha" in metrics["rounds"][0]  # the run's own metrics are left as they were
+
+
+def _block(text: str, suite: str) -> str:
+    return text.split(f"<!-- bench:{suite}:start -->", 1)[1].split(f"<!-- bench:{suite}:end -->", 1)[0]
+
+
+COMMITTED = sorted(d.name for d in RECORDS.iterdir() if d.is_dir()) if RECORDS.is_dir() else []
+
+
+@pytest.mark.parametrize("suite", COMMITTED)
+def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
+    """What a fresh clone has (the suite file, the suite's records, the docs page): `pflower-bench
+    SUITE --report-only` writes exactly the block the docs page holds, and its figures."""
+    page = suite_page(suite)
+    assert page is not None, f"no docs page holds '<!-- bench:{suite}:start -->'"
+    import shutil
+
+    shutil.copytree(RECORDS / suite, tmp_path / "records" / suite)
+    copy = tmp_path / "docs" / page.name
+    copy.parent.mkdir()
+    copy.write_text(page.read_text().replace(_block(page.read_text(), suite), "\nstale\n"))
+    args = ["--file", str(PROJECT_SUITES), "--records", str(tmp_path / "records"), "--results", str(tmp_path / "results"), "--page", str(copy)]
+    assert main([suite, "--report-only", *args]) == 0
+    assert copy.read_text() == page.read_text()
+    _, runs = load_suite(PROJECT_SUITES, suite)
+    for grid in dict.fromkeys(r.grid for r in runs):
+        assert (copy.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
+        assert (page.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
