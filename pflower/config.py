@@ -60,48 +60,102 @@ class Settings(BaseModel):
         alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
 
-    method: str = "pfedla"
-    dataset: Dataset = "digits"
-    data_dir: str = ""
-    download: bool = False
-    image_size: int = Field(0, ge=0)
-    model: ModelName = "auto"
-    partition: Partition = "pathological"
-    classes_per_client: int = Field(4, ge=1)
-    dirichlet_alpha: float = Field(0.5, gt=0)
-    dominant_classes: int = Field(2, ge=1)
-    dominant_fraction: float = Field(0.8, gt=0, lt=1)
-    label_groups: int = Field(2, ge=1)
-    group_assignment: Literal["balanced", "random"] = "balanced"
-    samples_per_client: int = Field(0, ge=0)
-    test_fraction: float = Field(0.3, gt=0, lt=1)
-    label_noise: LabelNoise = "none"
-    label_noise_ratio: float = Field(0.0, ge=0, lt=1)
-    test_mode: TestMode = "local"
-    finetune_epochs: int = Field(0, ge=0)
-    num_server_rounds: int = Field(20, ge=1)
-    fraction_train: float = Field(1.0, gt=0, le=1)
-    fraction_evaluate: float = Field(1.0, gt=0, le=1)
-    evaluate_every: int = Field(1, ge=1)
-    local_epochs: int = Field(5, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.1, gt=0)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    lr_decay: float = Field(0.0, ge=0, lt=1)
-    seed: int = Field(0, ge=0)
-    results_dir: str = "results"
-    resume_from: str = ""
-    state_dir: str = ""
-    round_timeout: float = Field(600.0, gt=0)
-    min_replies: int = Field(1, ge=1)
-    max_update_norm: float = Field(0.0, ge=0)
-    max_examples_factor: float = Field(2.0, ge=1)
-    aggregation: Aggregation = "mean"
-    trim_fraction: float = Field(0.2, ge=0, lt=0.5)
-    client_threads: int = Field(1, ge=1)
-    gradual_interval: int = Field(0, ge=0)
+    method: str = Field("pfedla", description="the method to run, one of the declared methods; its own keys are `<method>.<key>`")
+    dataset: Dataset = Field(
+        "digits",
+        description="`digits` (scikit-learn's embedded 8×8 digits, no files), `mnist`, `fashion-mnist`, `emnist` (balanced split), `cifar10`, `cifar100`, `imagefolder` (any image tree), or `node` (every SuperNode brings its own data, named in its node config)",
+    )
+    data_dir: str = Field("", description="folder with the data files; required for every dataset but `digits` and `node`")
+    download: bool = Field(False, description="let torchvision download CIFAR into `data-dir`")
+    image_size: int = Field(0, ge=0, description="image folders only: resize every image to this square (0: the files' own size, which must then be one size)")
+    model: ModelName = Field(
+        "auto",
+        description="`cnn`, `cnn-bn` (CNN with BatchNorm), `mlp` (the FedAvg paper's 2NN, SuPerFed's MNIST model); the papers' CNNs: `lenet`, `lenet-bn` (pFedHN's, which pFedLA uses, with BatchNorm on CIFAR), `twocnn` (the FedAvg paper's, SuPerFed's CIFAR-10 model), `cnn2` (Shen et al.'s, FedeRiCo's); `auto` = `cnn` for 1-channel, `cnn-bn` for colour images",
+    )
+    partition: Partition = Field(
+        "pathological",
+        description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one)",
+    )
+    classes_per_client: int = Field(4, ge=1, description="`pathological`: classes per client")
+    dirichlet_alpha: float = Field(0.5, gt=0, description="`dirichlet`: concentration (smaller: more skewed)")
+    dominant_classes: int = Field(2, ge=1, description="`dominant`: dominant classes per client")
+    dominant_fraction: float = Field(0.8, gt=0, lt=1, description="`dominant`: share of a client's samples in its dominant classes")
+    label_groups: int = Field(2, ge=1, description="`label-groups`: number of disjoint label groups")
+    group_assignment: Literal["balanced", "random"] = Field(
+        "balanced",
+        description="`label-groups`: `balanced` puts clients in the groups round-robin over a random order; `random` draws each client's group uniformly (FedeRiCo's protocol: a group may get one client or none, and an empty group's classes are unused)",
+    )
+    samples_per_client: int = Field(
+        0,
+        ge=0,
+        description="`pathological`, `dominant`, `label-groups`: every client's number of samples (before its train/test split), equal per class, the same for any number of clients (the pFedLA paper's protocol); refused with the most the pool can give when it is too large. 0: the whole pool (or the label group's share) is shared out, so clients shrink as N grows",
+    )
+    test_fraction: float = Field(0.3, gt=0, lt=1, description="share of each client's data held out as its test split")
+    label_noise: LabelNoise = Field(
+        "none", description="flip `label-noise-ratio` of each client's *training* labels: `pair` (class c → c+1) or `symmetric` (to a random other class); `none` flips nothing"
+    )
+    label_noise_ratio: float = Field(0.0, ge=0, lt=1, description="share of each client's training labels that `label-noise` flips")
+    test_mode: TestMode = Field(
+        "local",
+        description="where clients evaluate: `local` (each its own test split), `global` (the shared test set, the union of all clients' test splits), `both` (local as `accuracy`, global as `global-accuracy`)",
+    )
+    finetune_epochs: int = Field(
+        0,
+        ge=0,
+        description="local epochs each client trains the model it is about to evaluate on its training split (never kept); 0 evaluates it as received. For the methods whose prediction is one network; `fedavg-ft` always fine-tunes 1 epoch",
+    )
+    num_server_rounds: int = Field(20, ge=1, description="rounds")
+    fraction_train: float = Field(1.0, gt=0, le=1, description="share of clients sampled for training each round")
+    fraction_evaluate: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of clients sampled for evaluation in a round that evaluates (by seed and round, apart from training's sample); every client evaluates in the last round",
+    )
+    evaluate_every: int = Field(1, ge=1, description="evaluate every this many rounds (and always the last); metrics.json's other rows have `evaluated: 0` and no accuracy")
+    local_epochs: int = Field(5, ge=1, description="local epochs per round")
+    batch_size: int = Field(32, ge=1, description="minibatch size")
+    lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="clients' local optimizer (a fresh one per local training, so no optimizer state is kept between rounds)"
+    )
+    momentum: float = Field(0.0, ge=0, lt=1, description="momentum of the clients' optimizer (SGD only)")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay of the clients' optimizer")
+    lr_decay: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="the step size of round r is `lr` × (1 − `lr-decay`)^(r − 1), for every method's local training, fine-tuning included (not Per-FedAvg's one-step adaptation before evaluation); SuPerFed's protocol uses 0.01",
+    )
+    seed: int = Field(0, ge=0, description="seeds the partition, the initial model, client sampling and every client's minibatch order")
+    results_dir: str = Field("results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)")
+    resume_from: str = Field("", description="a results-dir to continue: its `checkpoint.pt` is loaded and the run goes on after its last round")
+    state_dir: str = Field(
+        "", description="where clients save their personal state; empty: `<results-dir>/client-state`. A SuperNode's node config `state-dir` overrides it"
+    )
+    round_timeout: float = Field(600.0, gt=0, description="seconds to wait for the replies of one phase")
+    min_replies: int = Field(1, ge=1, description="a round with fewer valid training replies stops the run, naming each client's problem")
+    max_update_norm: float = Field(
+        0.0, ge=0, description="reject a training reply whose update (uploaded − what the client started from) has a larger L2 norm; 0: no bound"
+    )
+    max_examples_factor: float = Field(
+        2.0,
+        ge=1,
+        description="reject a reply whose `num-examples` exceeds this × what the client reported before (training: when it joined; evaluation: its first report)",
+    )
+    aggregation: Aggregation = Field(
+        "mean",
+        description="the averaging methods only: `mean` (sample-weighted), `median`, `trimmed-mean` (coordinate-wise, unweighted; Flower's implementations)",
+    )
+    trim_fraction: float = Field(0.2, ge=0, lt=0.5, description="`trimmed-mean`: share cut at each end")
+    client_threads: int = Field(
+        1, ge=1, description="torch threads per ClientApp process; fixed rather than inherited because results depend on it (one core per simulated client)"
+    )
+    gradual_interval: int = Field(
+        0,
+        ge=0,
+        description="gradual sharing: rounds per released layer, shallow to deep (0: off); for the methods whose declaration allows it",
+    )
     #: The method's own keys (``<method>.<key>``), an instance of its declaration's ``params``.
     params: SerializeAsAny[MethodParams] = MethodParams()
 
