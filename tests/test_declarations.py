@@ -1,5 +1,6 @@
-"""The method declarations are the one list of methods: the classes they name exist and fit,
-and the README's method and key tables say what they say."""
+"""The method declarations are the one list of methods: the classes they name exist and fit, the
+README's method table says what they say, and the documentation's key tables are generated from
+them (tests/test_docs.py builds the site)."""
 
 import re
 
@@ -7,6 +8,7 @@ import pytest
 
 from conftest import ROOT
 from pflower.client_app.base import ClientMethod
+from pflower import reference
 from pflower.methods import declarations
 from pflower.strategies.loop import PflStrategy
 
@@ -31,12 +33,26 @@ def test_readme_method_table_is_the_declarations():
         assert declaration == f"pflower/methods/{name.replace('-', '_')}.py"
 
 
-def test_readme_key_table_lists_every_methods_keys_with_its_default():
+def test_the_generated_key_tables_list_every_methods_keys_with_default_and_description():
+    """docs/configuration.md and each method's page show these tables (docs/hooks.py renders them);
+    no page keeps a copy."""
     for name, m in declarations().items():
+        table = reference.method_keys(name)
+        assert f"<!-- pflower:keys {name} -->" in (ROOT / "docs" / "methods" / f"{name}.md").read_text()
         for key, field in m.params.model_fields.items():
-            default = f"`{field.default}`" if isinstance(field.default, str) else repr(field.default)
-            assert f"| `{name}.{field.alias or key}` | {default} | {field.description} |" in README, (name, key)
+            assert f"| `{name}.{field.alias or key}` | " in table, (name, key)
+            assert f"| `{reference.value(field.default)}` | " in table and f" | {field.description} |" in table, (name, key)
+    assert "<!-- pflower:config-reference -->" in (ROOT / "docs" / "configuration.md").read_text()
+    assert "| `pfedla.hn-lr` |" not in README, "the README keeps no copy of the key tables"
 
 
-def test_readme_shows_the_example_serverapp_as_it_is():
-    assert (ROOT / "examples" / "quickstart" / "server_app.py").read_text() in README
+def test_the_docs_show_the_example_serverapp_as_it_is():
+    """docs/serverapp.md includes the file at build time, so the page cannot drift from it."""
+    import importlib.util
+
+    assert "<!-- pflower:include examples/quickstart/server_app.py -->" in (ROOT / "docs" / "serverapp.md").read_text()
+    spec = importlib.util.spec_from_file_location("pflower_docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    shown = hooks.expand("<!-- pflower:include examples/quickstart/server_app.py -->", "serverapp.md")
+    assert shown == "```python\n" + (ROOT / "examples" / "quickstart" / "server_app.py").read_text().rstrip() + "\n```"

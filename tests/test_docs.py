@@ -1,0 +1,88 @@
+"""The documentation site: it builds with `mkdocs build --strict` (no broken link or anchor, no page
+outside the nav), its configuration reference is generated from the code and complete, and the
+README stays a five-minute read."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from pflower import reference
+from pflower.config import Settings, known_keys
+from pflower.methods import declarations
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("pflower_docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_builds_strictly_without_a_warning(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert not re.search(r"^(WARNING|ERROR)", log, re.M), log
+    page = (tmp_path / "site" / "configuration" / "index.html").read_text()
+    assert "pflower:" not in page and "num-server-rounds" in page and "superfed.mixing" in page
+
+
+def test_every_key_has_a_description():
+    missing = [n for n, f in Settings.model_fields.items() if n not in reference.NOT_KEYS and not f.description]
+    missing += [f"{name}.{k}" for name, m in declarations().items() for k, f in m.params.model_fields.items() if not f.description]
+    assert not missing, f"keys without a description: {missing}"
+
+
+def test_the_reference_lists_every_key_with_its_type_default_bounds_and_description():
+    text = reference.config_reference()
+    rows = {r[0]: r for r in reference.rows(Settings)}
+    rows |= {r[0]: r for name, m in declarations().items() for r in reference.rows(m.params, f"{name}.")}
+    assert list(rows) == known_keys()
+    for key in known_keys():
+        assert f"| `{key}` |" in text, key
+    assert rows["lr"][1:4] == ("float", "0.1", "value > 0")
+    assert rows["dominant-fraction"][3] == "0 < value < 1"
+    assert rows["test-mode"][1:4] == ("string", "'local'", "`'local'`, `'global'`, `'both'`")
+    assert rows["download"][1:3] == ("boolean", "false")
+    assert rows["superfed.start"][1:4] == ("float", "0.4", "0 ≤ value ≤ 1")
+    assert all(f"`'{n}'`" in rows["method"][3] for n in declarations())
+    assert "`superfed`" not in rows["finetune-epochs"][4] and "`fedavg`" in rows["gradual-interval"][4]
+    assert reference.method_keys("fedavg").startswith("This method has no keys of its own")
+
+
+def test_every_method_has_a_page_in_the_nav_with_its_generated_parts():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for name in declarations():
+        page = ROOT / "docs" / "methods" / f"{name}.md"
+        assert f"methods/{name}.md" in nav, name
+        text = page.read_text()
+        for kind in ("keys", "evaluates", "example", "code"):
+            assert f"<!-- pflower:{kind} {name} -->" in text, (name, kind)
+
+
+def test_the_hook_fills_every_marker_and_refuses_an_unknown_one():
+    from mkdocs.exceptions import PluginError
+
+    hooks = _hooks()
+    text = hooks.expand("a\n<!-- pflower:keys fedprox -->\n<!-- pflower:code fedprox -->\n`<!-- pflower:keys NAME -->`\n", "methods/fedprox.md")
+    assert "| `fedprox.mu` | float | `0.01` | value ≥ 0 |" in text
+    assert "`pflower/client_app/fedprox.py` (`FedProxClient`)" in text and "`<!-- pflower:keys NAME -->`" in text
+    assert hooks.expand("<!-- pflower:example fedprox -->", "methods/fedprox.md") == hooks.example("fedprox")
+    block = hooks.expand("<!-- pflower:docker-test down -->", "deployment.md")
+    assert block == "```bash\ndocker compose -f docker/compose.yml -f docker/compose.tls.yml down -v\n```"
+    for bad in ("<!-- pflower:keys nosuch -->", "<!-- pflower:nosuch -->", "<!-- pflower:include nosuch.py -->", "<!-- pflower:keys fedprox-->"):
+        with pytest.raises(PluginError):
+            hooks.expand(bad, "x.md")
+
+
+def test_the_readme_is_a_five_minute_read():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
