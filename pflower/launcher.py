@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import tomllib
 from contextlib import contextmanager
 from collections.abc import Iterator
 from pathlib import Path
+
+from pflower.processes import console_script, free_port, stop, wait_for_port
 
 #: Set for every Flower process. Ray's RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO stays unset: Ray then
 #: gives an actor that asked for no GPU CUDA_VISIBLE_DEVICES='' (as under plain ``flwr run``).
@@ -35,73 +36,10 @@ FLOWER_ENV = {
 CONNECTION = "pflower-sim"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _bin(name: str) -> str:
-    """A Flower executable next to this interpreter (the venv), else from PATH."""
-    local = Path(sys.executable).with_name(name)
-    found = str(local) if local.exists() else shutil.which(name)
-    if not found:
-        raise SystemExit(f"{name} not found: install pflower's dependencies (see README)")
-    return found
-
-
 def flower_env(flwr_home: Path) -> dict[str, str]:
     env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(flwr_home)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its live descendants (read from /proc; zombies left out)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-            except (OSError, IndexError, ValueError):
-                continue
-            if state != "Z":
-                children.setdefault(int(ppid), []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
-
-
-def _signal(pids: list[int], group: int, sig: int) -> None:
-    for kill, target in [(os.killpg, group)] + [(os.kill, pid) for pid in pids]:
-        try:
-            kill(target, sig)
-        except ProcessLookupError:
-            pass
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop a process started with ``start_new_session``, its process group and its descendants.
-
-    Descendants outside the group count too: a SuperLink's simulation runs in a session of its
-    own and would otherwise linger until it notices the SuperLink is gone. If the process has
-    already exited, what is left of its group is killed.
-    """
-    if proc.poll() is not None:
-        _signal([], proc.pid, signal.SIGKILL)
-        return
-    tree = process_tree(proc.pid)[1:]
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        _signal(tree, proc.pid, sig)
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    _signal(tree, proc.pid, signal.SIGKILL)  # whatever outlived its parent
 
 
 @contextmanager
@@ -120,30 +58,21 @@ def simulation_superlink(flwr_home: Path) -> Iterator[int]:
 
 @contextmanager
 def _superlink(flwr_home: Path, extra_env: dict[str, str]) -> Iterator[int]:
-    port = _free_port()
+    port = free_port()
     (flwr_home / "config.toml").write_text(
         f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
         f'address = "127.0.0.1:{port}"\ninsecure = true\n'
     )
     log = open(flwr_home / "superlink.log", "ab")
     cmd = [
-        _bin("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+        console_script("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
         "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port),
-        "--fleet-api-address", f"127.0.0.1:{_free_port()}", "--control-api-address", f"127.0.0.1:{_free_port()}",
+        "--fleet-api-address", f"127.0.0.1:{free_port()}", "--control-api-address", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
     env = {**flower_env(flwr_home), **extra_env}
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"flower-superlink exited with code {proc.returncode}; see {flwr_home / 'superlink.log'}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("flower-superlink did not start within 60 s")
-            time.sleep(0.2)
+        wait_for_port(proc, "flower-superlink", "127.0.0.1", port, lambda: f"; see {flwr_home / 'superlink.log'}")
         yield port
     finally:
         stop(proc)
@@ -186,7 +115,7 @@ def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNEC
         if attempt:
             time.sleep(2)
         out = subprocess.run(
-            [_bin("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
+            [console_script("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
             env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
         )  # fmt: skip
         try:
@@ -233,7 +162,7 @@ def submit(
     ``num_clients`` sets the simulated federation; None for a deployment (real SuperNodes).
     """
     with tempfile.TemporaryDirectory(prefix="pflower-app-") as staged:
-        cmd = [_bin("flwr"), "run", str(stage_app(app, Path(staged))), connection, "--stream"]
+        cmd = [console_script("flwr"), "run", str(stage_app(app, Path(staged))), connection, "--stream"]
         if num_clients is not None:
             cmd += ["--federation-config", federation_config(num_clients, cpus, gpus)]
         if run_config:

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pflower.processes import stop
+
 #: Seconds a head gets to shut down cleanly before its processes are killed.
 SHUTDOWN_WAIT = 15
 
@@ -48,8 +50,6 @@ def ray_head(env: dict[str, str], log_path: Path) -> Iterator[dict[str, str]]:
     try:
         yield {"RAY_TMPDIR": tmpdir}
     finally:
-        from pflower.launcher import stop
-
         proc.stdin.close()
         try:
             proc.wait(SHUTDOWN_WAIT)

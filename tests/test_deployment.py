@@ -12,7 +12,8 @@ import pytest
 
 from conftest import MNIST_DIR, ROOT, faulty_app, run_config
 from pflower.datasets.node import parse_groups, write_node_folders
-from pflower.deploy import Deployment, node_key
+from pflower.deploy import Deployment
+from pflower.deploy.certificates import node_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")]
 #: The deployment tests share one worker and one deployment; the crash test has a deployment and

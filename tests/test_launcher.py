@@ -125,7 +125,7 @@ def test_sigterm_stops_every_process_pflower_sim_started(tmp_path):
     home = tmp_path / "home"
     cmd = [os.path.join(os.path.dirname(sys.executable), "pflower-sim"), "--num-clients", "2", "--flwr-home", str(home),
            "--app", str(ROOT), "-c", f"method='fedavg' num-server-rounds=500 results-dir='{tmp_path / 'out'}'"]  # fmt: skip
-    from pflower.launcher import process_tree
+    from pflower.processes import process_tree
 
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300

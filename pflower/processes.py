@@ -1,0 +1,101 @@
+"""The processes pflower's tools start: free ports, Flower's console scripts, waiting until a
+server listens, and stopping a process with everything it started.
+
+Shared by ``pflower-sim`` (:mod:`pflower.launcher`, :mod:`pflower.ray_head`) and
+``pflower-deploy`` (:mod:`pflower.deploy`); neither the ServerApp nor the ClientApp needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def console_script(name: str) -> str:
+    """A console script (``flwr``, ``flower-superlink``, ...) next to this interpreter (the
+    venv's), else from PATH; SystemExit if neither has it."""
+    local = Path(sys.executable).with_name(name)
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise SystemExit(f"{name} not found: install pflower's dependencies (see README)")
+    return found
+
+
+def wait_for_port(proc: subprocess.Popen, name: str, host: str, port: int, detail: Callable[[], str], timeout: float = 60) -> None:
+    """Return once ``host:port`` accepts connections while ``proc`` (the program ``name``) runs.
+
+    SystemExit if it exits first (the message ends with ``detail()``: where its log is, or the
+    log's end) or does not listen within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with code {proc.returncode}{detail()}")
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name} did not start within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and its live descendants (read from /proc; zombies left out)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError, ValueError):
+                continue
+            if state != "Z":
+                children.setdefault(int(ppid), []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def _signal(pids: list[int], group: int, sig: int) -> None:
+    for kill, target in [(os.killpg, group)] + [(os.kill, pid) for pid in pids]:
+        try:
+            kill(target, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a process started with ``start_new_session``, its process group and its descendants.
+
+    Descendants outside the group count too: a SuperLink's simulation runs in a session of its
+    own and would otherwise linger until it notices the SuperLink is gone. If the process has
+    already exited, what is left of its group is killed.
+    """
+    if proc.poll() is not None:
+        _signal([], proc.pid, signal.SIGKILL)
+        return
+    tree = process_tree(proc.pid)[1:]
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        _signal(tree, proc.pid, sig)
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    _signal(tree, proc.pid, signal.SIGKILL)  # whatever outlived its parent
