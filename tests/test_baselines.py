@@ -11,7 +11,7 @@ from torch import nn
 from conftest import run_config
 from pflower.config import load_settings
 from pflower.datasets import Split
-from pflower.methods import client_method
+from pflower.build import client_method
 from pflower.models.mixing import MixedModel, with_alpha
 
 torch.manual_seed(0)
@@ -28,7 +28,7 @@ def _grads(loss, params):
 
 
 def test_lgfedavg_uploads_the_head_and_keeps_the_body():
-    from pflower.models import build_model
+    from pflower.build import build_model
 
     s = load_settings(run_config(method="lgfedavg"))
     model = build_model(s, s.image_shape, s.num_classes, 0)

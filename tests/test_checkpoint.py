@@ -10,7 +10,7 @@ from conftest import assert_same_state, representatives, run_config
 from pflower.checkpoint import CHECKPOINT, load_checkpoint
 from pflower.client_app.store import KEEP, StateStore
 from pflower.config import ConfigError, load_settings
-from pflower.methods import build_strategy
+from pflower.build import build_strategy
 from pflower.records import from_record, to_record
 
 

@@ -59,7 +59,7 @@ def test_federico_gives_the_same_result_deployed_as_in_process(deployment, tmp_p
     """The relay's steps between real SuperNodes (a fresh ClientApp process per message) end
     exactly where the same run ends in process."""
     from pflower.config import load_settings
-    from pflower.methods import build_strategy
+    from pflower.build import build_strategy
 
     keys = {"method": "federico", "partition": "label-groups", "num_server_rounds": 1, "local_epochs": 1, "round_timeout": 120.0}
     config = "method='federico' partition='label-groups' num-server-rounds=1 local-epochs=1 round-timeout=120.0"

@@ -14,7 +14,8 @@ import torch
 from conftest import in_process_rounds, run_config
 from fake_device import FAKE, FakeDevice
 from pflower.config import load_settings
-from pflower.methods import build_strategy, declarations
+from pflower.build import build_strategy
+from pflower.methods import declarations
 
 
 @pytest.mark.parametrize("method", sorted(declarations()))

@@ -9,8 +9,8 @@ from flwr.app import MessageType
 from conftest import run_config
 from pflower.client_app.app import PERSONAL
 from pflower.config import ConfigError, load_settings
-from pflower.methods import build_strategy, client_method
-from pflower.models import DoubleHead, build_model, communicable_keys, keys_under, layers
+from pflower.build import build_model, build_strategy, client_method
+from pflower.models import DoubleHead, communicable_keys, keys_under, layers
 from pflower.models.doublehead import combine, predict
 from pflower.plots import compare_main
 from pflower.records import from_record, to_record

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import InProcessGrid, faulty_app, load_app, run_config, run_on_flower as _run
 from pflower.config import load_settings
-from pflower.methods import build_strategy
+from pflower.build import build_strategy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("simulation-faults")]
 

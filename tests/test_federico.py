@@ -14,7 +14,7 @@ from pflower.records import from_record, to_record
 from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, e_step_loss, track
 from pflower.config import load_settings
 from pflower.datasets import Split
-from pflower.methods import build_strategy
+from pflower.build import build_strategy
 from pflower.overlay import View
 from pflower.strategies.federico import RELAY, FedericoRelay
 

@@ -87,7 +87,7 @@ def test_settings_read_the_shape_and_classes_from_the_tree(tree):
 
 
 def test_a_federation_trains_on_an_image_folder(tree, grid_factory, tmp_path):
-    from pflower.methods import build_strategy
+    from pflower.build import build_strategy
 
     cfg = run_config(method="fedavg", dataset="imagefolder", data_dir=str(tree), partition="iid", num_server_rounds=2,
                      local_epochs=1, model="cnn", results_dir=str(tmp_path / "out"))  # fmt: skip

@@ -6,8 +6,11 @@ One fresh interpreter loads the third-party packages pflower uses (torch, Flower
 module alone, so no other pflower module is loaded before it.
 """
 
+import ast
 import subprocess
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -38,3 +41,119 @@ def test_every_module_imports_alone():
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert int(out.stdout.split()[-4]) > 60
+
+
+# ------------------------------------------------------------------------ the module graph
+def module_files(root: Path) -> dict[str, Path]:
+    """Every module of the package at ``root / 'pflower'``: dotted name -> file (a package is its ``__init__``)."""
+    return {".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f for f in sorted((root / "pflower").rglob("*.py"))}
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def imported_names(tree: ast.Module, package: str, modules: Iterable[str]) -> set[str]:
+    """What the code imports, at any depth (functions, methods, ``try``), as dotted names; ``if
+    TYPE_CHECKING:`` blocks left out (they never run). ``from a import b`` is ``a.b`` where that is
+    one of ``modules``, else ``a``; relative imports are resolved against ``package``."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            nodes = node.orelse
+        else:
+            nodes = list(ast.iter_child_nodes(node))
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+        for child in nodes:
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each pflower module -> the pflower modules that importing it runs.
+
+    Importing ``a.b.c`` runs the packages ``a`` and ``a.b`` first, so they count too, except the
+    importer's own packages (they run before it does, whatever it imports).
+    """
+    files = module_files(root)
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for target in imported_names(ast.parse(path.read_text(), str(path)), package, files):
+            parts = target.split(".")
+            for prefix in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+                if prefix in files and prefix != name and (prefix == target or not name.startswith(prefix + ".")):
+                    edges.add(prefix)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path whose last node is its first, or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path, on_path, todo = [], set(), [(start, iter(sorted(graph[start])))]
+        if start in done:
+            continue
+        path.append(start)
+        on_path.add(start)
+        while todo:
+            node, children = todo[-1]
+            child = next(children, None)
+            if child is None:
+                todo.pop()
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+            elif child in on_path:
+                return path[path.index(child) :] + [child]
+            elif child not in done:
+                path.append(child)
+                on_path.add(child)
+                todo.append((child, iter(sorted(graph[child]))))
+    return None
+
+
+def test_the_graph_sees_imports_in_functions_relative_ones_and_the_packages_they_run(tmp_path):
+    files = {
+        "pflower/__init__.py": "",
+        "pflower/low.py": "def f():\n    from pflower.high.leaf import g\n",
+        "pflower/high/__init__.py": "from . import leaf\n",
+        "pflower/high/leaf.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pflower import low\nfrom ..other import x\n",
+        "pflower/other.py": "import torch\nimport pflower.low\n",
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    graph = import_graph(tmp_path)
+    assert graph == {
+        "pflower": set(),
+        "pflower.low": {"pflower.high", "pflower.high.leaf"},  # in a function; the package runs first
+        "pflower.high": {"pflower.high.leaf"},
+        "pflower.high.leaf": {"pflower.other"},  # TYPE_CHECKING left out; its own package not an edge
+        "pflower.other": {"pflower.low"},
+    }
+    assert find_cycle(graph) == ["pflower.high", "pflower.high.leaf", "pflower.other", "pflower.low", "pflower.high"]
+    assert find_cycle({**graph, "pflower.other": set()}) is None
+
+
+def test_no_import_cycle_among_pflowers_modules_counting_imports_in_functions():
+    """The layers read bottom up: registry (pflower.methods), configuration, models and data, the
+    build of a run's objects (pflower.build), the apps, the tools; nothing imports upwards, not
+    even inside a function."""
+    graph = import_graph()
+    assert len(graph) > 60 and "pflower.config" in graph["pflower.build"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+

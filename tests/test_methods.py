@@ -11,7 +11,8 @@ from conftest import run_config
 from pflower import training
 from pflower.client_app.app import PERSONAL
 from pflower.config import load_settings
-from pflower.methods import build_strategy, declarations
+from pflower.build import build_strategy
+from pflower.methods import declarations
 from pflower.strategies.federation import EVALUATE_SAMPLE
 from pflower.models import communicable_keys, keys_under, norm_keys
 from pflower.records import from_record, to_record
@@ -34,7 +35,7 @@ def _train_round(strategy, grid, rnd=1):
 
 
 def _model(settings):
-    from pflower.models import build_model
+    from pflower.build import build_model
 
     return build_model(settings, settings.image_shape, settings.num_classes, 0)
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from pflower.config import load_settings
-from pflower.models import build_model, communicable_keys, keys_under, layers, norm_keys
+from pflower.build import build_model
+from pflower.models import communicable_keys, keys_under, layers, norm_keys
 
 
 @pytest.mark.parametrize("dataset,shape", [("digits", (1, 8, 8)), ("mnist", (1, 28, 28)), ("cifar10", (3, 32, 32))])

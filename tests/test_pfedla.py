@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from conftest import run_config
 from pflower.config import ConfigError, load_settings
-from pflower.methods import build_strategy
+from pflower.build import build_strategy
 from pflower.records import from_record, payload_bytes, to_record
 from pflower.similarity import alpha_structure, group_order
 from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, layer_spread, mix
@@ -248,7 +248,7 @@ def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_
 def _evaluate_locally(cfg, cid, num_clients, state):
     """A client's test metrics for a model state, computed outside Flower."""
     from pflower.datasets import client_data
-    from pflower.models import build_model
+    from pflower.build import build_model
     from pflower.training import evaluate
 
     s = load_settings(cfg)

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from conftest import InProcessGrid, assert_same_state, run_config, with_metadata
 from pflower.config import ConfigError, load_settings
-from pflower.methods import build_strategy, declarations
+from pflower.build import build_strategy
+from pflower.methods import declarations
 from pflower.records import from_record, to_record
 
 N = 4

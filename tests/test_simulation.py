@@ -60,7 +60,7 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     """Same seed, same numbers: Ray's worker placement and threads do not change the result."""
     from conftest import run_config
     from pflower.config import load_settings
-    from pflower.methods import build_strategy
+    from pflower.build import build_strategy
 
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
     _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1)  # two Ray workers

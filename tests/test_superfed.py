@@ -13,8 +13,7 @@ from pflower.methods.superfed import POOLED_KEY
 from pflower.config import load_settings
 from pflower.datasets import client_data
 from pflower.datasets.partition import noisy_labels
-from pflower.methods import build_strategy
-from pflower.models import build_model
+from pflower.build import build_model, build_strategy
 from pflower.models.mixing import LAMBDA_GRID, MixedModel, cosine_squared
 from pflower.records import from_record
 from pflower.training import calibration_errors, evaluate

@@ -25,14 +25,13 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from torch import nn
 
+from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
 from pflower.device import deterministic_kernels, device
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
-from pflower import methods
-from pflower.models import build_model
 from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
 
@@ -148,7 +147,7 @@ def _shared(settings: Settings, shape: tuple[int, int, int] | None = None, num_c
                 f"{pool.num_classes} classes; expected {shape} and {num_classes}"
             )
     model = build_model(settings, shape, num_classes, settings.seed).to(device())
-    method = methods.client_method(settings)
+    method = client_method(settings)
     fresh = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Shared(model, method, GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval), fresh)
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from pflower.config import Settings
 from pflower.datasets import partition as P
 from pflower.datasets.sources import Pool, load_pool
+
+if TYPE_CHECKING:  # annotations only: the configuration validates data folders with pflower.datasets
+    from pflower.config import Settings
 
 
 @dataclass(frozen=True)

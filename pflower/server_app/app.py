@@ -9,9 +9,9 @@ from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, check_results_dir, load_settings
-from pflower.methods import build_strategy
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
 from pflower.strategies.federation import Federation, NoClientsError

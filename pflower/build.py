@@ -1,0 +1,72 @@
+"""A run's objects, built from its :class:`~pflower.config.Settings`: the model, the method's
+client side and its server strategy.
+
+It sits above the configuration, which sits above the method registry (:mod:`pflower.methods`):
+the registry names each method's parts, the configuration validates against it, and this
+module builds what both describe. The models know neither.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from pflower.config import MODEL_MIN_SIZE, Settings
+from pflower.methods import get
+from pflower.models import CNN, CNN2, MLP, LeNet, TwoCNN
+
+if TYPE_CHECKING:
+    from pflower.client_app.base import ClientMethod
+    from pflower.strategies.loop import PflStrategy
+
+
+def resolve_model_name(settings: Settings, in_channels: int) -> str:
+    """``auto``: a plain CNN for 1-channel images, a CNN with BatchNorm for colour images."""
+    if settings.model != "auto":
+        return settings.model
+    return "cnn" if in_channels == 1 else "cnn-bn"
+
+
+def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: int, seed: int) -> nn.Module:
+    """A freshly initialized model; the same ``seed`` gives the same weights.
+
+    The method's declaration may wrap it (SuPerFed: :class:`~pflower.models.MixedModel`,
+    federated and local copies; the double head: :class:`~pflower.models.DoubleHead`, a second,
+    local head).
+    """
+    in_channels, height, width = shape
+    name = resolve_model_name(settings, in_channels)
+    if min(height, width) < MODEL_MIN_SIZE.get(name, 0):
+        raise ValueError(f"model='{name}' needs images of at least {MODEL_MIN_SIZE[name]}x{MODEL_MIN_SIZE[name]}, not {height}x{width}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if name == "mlp":
+            model = MLP(in_channels * height * width, num_classes)
+        elif name in ("lenet", "lenet-bn"):
+            model = LeNet(in_channels, height, num_classes, batch_norm=name == "lenet-bn")
+        elif name == "twocnn":
+            model = TwoCNN(in_channels, height, num_classes)
+        elif name == "cnn2":
+            model = CNN2(in_channels, height, num_classes)
+        else:
+            model = CNN(in_channels, height, num_classes, batch_norm=name == "cnn-bn")
+        wrap = get(settings.method).wrap  # inside: the double head draws its local head
+        return wrap(model, settings.params) if wrap else model
+
+
+def client_method(settings: Settings) -> ClientMethod:
+    """The method's client side (its declaration's ``client`` class) for ``settings``."""
+    return get(settings.method).client_class()(settings)
+
+
+def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None, num_classes: int | None = None) -> PflStrategy:
+    """The method's strategy, with the initial model of ``seed`` and the method's upload keys;
+    ``shape`` and ``num_classes`` when the nodes bring their own data (else the data set's)."""
+    shape, num_classes = (settings.image_shape, settings.num_classes) if shape is None else (shape, num_classes)
+    model = build_model(settings, shape, num_classes, settings.seed)
+    client = client_method(settings)
+    strategy = get(settings.method).strategy_class().from_settings(settings, model, client.upload_keys(model))
+    strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
+    return strategy
