@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 import uuid
 from collections.abc import Callable, Iterable
@@ -162,6 +163,7 @@ def faulty_app(directory: Path, fault: str, partition: int = 0) -> Path:
     project = (ROOT / "pyproject.toml").read_text()
     project = project.replace('clientapp = "pflower.client_app:app"', 'clientapp = "faulty_client:app"')
     project = project.replace('fab-include = ["pflower/**/*.py"]', 'fab-include = ["faulty_client.py"]')
+    project = re.sub(r"^fab-exclude = \[[^]]*\]\n", "", project, flags=re.M)  # its patterns would match no file here
     (directory / "pyproject.toml").write_text(project)
     return directory
 

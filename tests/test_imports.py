@@ -157,3 +157,55 @@ def test_no_import_cycle_among_pflowers_modules_counting_imports_in_functions():
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
+
+# ------------------------------------------------------------------------ the app bundle (FAB)
+#: The tools that start Flower (pflower-bench, pflower-check, pflower-deploy, pflower-sim and its
+#: Ray head, their process helpers) and the docs' configuration reference: no node runs them, so
+#: the FAB leaves them out.
+TOOLING = ("pflower.bench", "pflower.check", "pflower.deploy", "pflower.launcher", "pflower.processes", "pflower.ray_head", "pflower.reference")
+
+
+def app_modules(root: Path = ROOT) -> set[str]:
+    """The modules the ServerApp and ClientApp can run: their components' modules, all they
+    import (at any depth), the declarations the method registry loads by name and the client
+    and server modules those name, and every package on the way."""
+    import tomllib
+
+    from pflower.methods import declarations
+
+    graph = import_graph(root)
+    components = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
+    by_name = {m for m in graph if m.rpartition(".")[0] == "pflower.methods"}
+    by_name |= {ref.partition(":")[0] for method in declarations().values() for ref in (method.client, method.strategy)}
+    seen: set[str] = set()
+    todo = [ref.partition(":")[0] for ref in components.values()]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            parts = module.split(".")
+            todo += [*graph[module], *(".".join(parts[:i]) for i in range(1, len(parts)))]
+            if module == "pflower.methods":
+                todo += by_name
+    return seen
+
+
+def test_the_fab_holds_what_the_apps_import_and_none_of_the_tooling(tmp_path):
+    """The bundle ``flwr run`` sends (built by Flower from the app pflower-sim stages) has every
+    module the apps can reach, and no tool: a node never needs them."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    from pflower.launcher import stage_app
+
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(stage_app(ROOT, tmp_path / "app")))) as fab:
+        files = [Path(n) for n in fab.namelist() if n.startswith("pflower/") and n.endswith(".py")]
+    bundled = {".".join(f.with_suffix("").parts).removesuffix(".__init__") for f in files}
+    needed = app_modules()
+    assert {"pflower.server_app.app", "pflower.client_app.fedprox", "pflower.strategies.pfedla", "pflower.build"} <= needed
+    assert not needed - bundled, f"the apps import modules the FAB lacks: {sorted(needed - bundled)}"
+    tools = {m for m in bundled if any(m == t or m.startswith(t + ".") for t in TOOLING)}
+    assert not tools, f"tooling in the FAB: {sorted(tools)}"
+    assert not needed & set(TOOLING), "an app imports a tool"
