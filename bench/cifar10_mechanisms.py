@@ -1,7 +1,9 @@
-"""What the CIFAR-10 suites' mechanisms did, read from their finished runs (``pflower-bench``'s
-results): the README's evidence beside the accuracy tables.
+"""What the CIFAR-10 suites' mechanisms did, read from their runs' records (``pflower-bench``'s
+``bench/records``, committed) and, for what needs the final models, their results-dirs
+(``bench/results``, not kept: those parts say so and are skipped where the runs are not here):
+the docs' evidence beside the accuracy tables.
 
-    .venv/bin/python bench/cifar10_mechanisms.py [--results bench/results]
+    .venv/bin/python bench/cifar10_mechanisms.py [--records bench/records] [--results bench/results]
 
 - pFedLA: learned against frozen weights, paired by seed; how the final weights follow the
   clients' class overlap and label-distribution overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
@@ -35,7 +37,7 @@ from pflower.client_app.store import _records
 from pflower.config import load_settings
 from pflower.datasets import client_data, federated_indices, global_test
 from pflower.records import from_record
-from pflower.models import build_model
+from pflower.build import build_model
 from pflower.models.layers import layers, norm_keys
 from pflower.training import evaluate
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared
@@ -43,13 +45,18 @@ from pflower.models.mixing import LAMBDA_GRID, cosine_squared
 ROOT = Path(__file__).resolve().parents[1]
 
 
+RECORDS, RESULTS = ROOT / "bench" / "records", ROOT / "bench" / "results"
+
+
 def _runs(directory: Path) -> dict[int, dict]:
-    """seed -> metrics.json of the finished runs under ``directory`` (a method's folder)."""
-    out = {}
-    for d in sorted(directory.glob("seed*")):
-        if (d / "bench.json").is_file():
-            out[int(d.name[4:])] = json.loads((d / "metrics.json").read_text())
-    return out
+    """seed -> record of the recorded runs under ``directory`` (a method's folder of the records)."""
+    return {int(f.stem[4:]): json.loads(f.read_text()) for f in sorted(directory.glob("seed*.json"))}
+
+
+def _run_dir(directory: Path, seed: int) -> Path | None:
+    """The results-dir (checkpoint, client states) of a recorded run, if it is on this machine."""
+    run = RESULTS / directory.relative_to(RECORDS) / f"seed{seed}"
+    return run if (run / "checkpoint.pt").is_file() else None
 
 
 CUMULATIVE_MIB = (25, 50, 100, 200, 400)
@@ -84,13 +91,12 @@ def _distribution_correlation(doc: dict, layer: int) -> float:
     return float(np.corrcoef(alpha[others], overlap[others])[0, 1])
 
 
-def pfedla(results: Path) -> None:
-    suite = results / "cifar10-pfedla"
-    for grid in ("noniid1", "noniid2"):
+def pfedla(records: Path) -> None:
+    for suite, grid in ((records / "cifar10-pfedla", "noniid1"), (records / "cifar10-pfedla", "noniid2"), (records / "cifar10-pfedla-long", "noniid1-80-rounds")):
         learned = _runs(suite / grid / "pfedla")
         if not learned:
             continue
-        print(f"\n## pFedLA, {grid}")
+        print(f"\n## pFedLA, {suite.name} {grid}")
         frozen = _runs(suite / grid / "pfedla-frozen")
         seeds = sorted(set(learned) & set(frozen))
         if seeds:
@@ -125,19 +131,31 @@ def pfedla(results: Path) -> None:
         print(f"pfedla (k = 0): MiB down {_fmt(base)}, up {_fmt([d['final']['bytes-up'] / 2**20 for d in learned.values()])}")
         local, fedfomo = _runs(suite / grid / "local"), _runs(suite / grid / "fedfomo")
         fedavg, fedbn = _per_round(_runs(suite / grid / "fedavg")), _per_round(_runs(suite / grid / "fedbn"))
-        gaps = [fedbn[k] - fedavg[k] for k in fedavg.keys() & fedbn.keys()]
-        print(f"local: round 1 {_per_round(local)[1]:.3f}; pfedla - local per seed {_paired(learned, local)}; "
-              f"fedfomo - local per seed {_paired(fedfomo, local)}; fedbn - fedavg per round {min(gaps):+.3f} to {max(gaps):+.3f}")  # fmt: skip
+        print(f"local: round 1 {_per_round(local)[1]:.3f}; pfedla - local per seed {_paired(learned, local)}")
+        if fedfomo:
+            print(f"fedfomo - local per seed {_paired(fedfomo, local)}")
+        if gaps := [fedbn[k] - fedavg[k] for k in fedavg.keys() & fedbn.keys()]:
+            print(f"fedbn - fedavg per round {min(gaps):+.3f} to {max(gaps):+.3f}")
+        per_round = {label: _per_round(runs) for label, runs in (("pfedla", learned), ("local", local))}
+        marks = [k for k in per_round["pfedla"] if k % 10 == 0]
+        for label, acc in per_round.items():
+            print(f"  {label:7} mean accuracy at rounds {marks[0]}..{marks[-1]} every 10: " + " ".join(f"{acc[k]:.3f}" for k in marks))
+        for seed in sorted(learned.keys() & local.keys()):
+            a, b = ({r["round"]: r["accuracy"] for r in d["rounds"]} for d in (learned[seed], local[seed]))
+            print(f"  seed {seed}: pfedla - local at rounds every 10: " + " ".join(f"{a[k] - b[k]:+.3f}" for k in marks))
 
 
-def fedbn(results: Path) -> None:
+def fedbn(records: Path) -> None:
     """FedBN's mechanism frozen after the fact: each client's final model evaluated with its own
     normalization layers and with the mean of all clients' (what FedAvg would hold)."""
     for grid in ("noniid1", "noniid2"):
-        directory = results / "cifar10-pfedla" / grid / "fedbn"
+        directory = records / "cifar10-pfedla" / grid / "fedbn"
         own, mean, spread = [], [], []
         for seed, doc in _runs(directory).items():
-            run, settings, n = directory / f"seed{seed}", load_settings(doc["config"]), doc["num-clients"]
+            if (run := _run_dir(directory, seed)) is None:
+                print(f"  {directory.relative_to(RECORDS)}/seed{seed}: its final models are not here (results-dir); skipped")
+                continue
+            settings, n = load_settings(doc["config"]), doc["num-clients"]
             model = build_model(settings, (3, 32, 32), 10, settings.seed)
             shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
             shared = shared if isinstance(shared, dict) else from_record(shared)
@@ -156,8 +174,8 @@ def fedbn(results: Path) -> None:
                   f"(mean over clients and seeds); clients' running means differ by {np.mean(spread):.1%} of their norm (std over clients)")  # fmt: skip
 
 
-def federico(results: Path) -> None:
-    suite = results / "cifar10-federico"
+def federico(records: Path) -> None:
+    suite = records / "cifar10-federico"
     for grid in sorted(p.name for p in suite.glob("groups*") if p.is_dir()):
         runs = _runs(suite / grid / "federico")
         if not runs:
@@ -181,8 +199,8 @@ def federico(results: Path) -> None:
             print(f"  {label:9} per round: " + " ".join(f"{a:.3f}" for a in _per_round(_runs(suite / grid / label)).values()))
 
 
-def doublehead(results: Path) -> None:
-    grid = results / "cifar10-doublehead" / "groups5"
+def doublehead(records: Path) -> None:
+    grid = records / "cifar10-doublehead" / "groups5"
     rows = {label: _runs(grid / label) for label in ("fedavg", "local", "doublehead", "doublehead-gradual4")}
     if not rows["doublehead"]:
         return
@@ -212,7 +230,8 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
     """Share of local-test predictions the local head decides; each head's accuracy alone."""
     decided, alone = [], {"global head, local test": [], "global head, global test": [], "local head, local test": []}
     for seed, doc in runs.items():
-        run = directory / f"seed{seed}"
+        if (run := _run_dir(directory, seed)) is None:
+            continue
         settings = load_settings(doc["config"])
         n = doc["num-clients"]
         model = build_model(settings, (3, 32, 32), 10, settings.seed).eval()
@@ -240,7 +259,8 @@ def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
     weights (all their parameters as one vector, as the training term takes them)."""
     out = []
     for seed, doc in runs.items():
-        run = directory / f"seed{seed}"
+        if (run := _run_dir(directory, seed)) is None:
+            continue
         shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
         shared = shared if isinstance(shared, dict) else from_record(shared)
         for c in range(doc["num-clients"]):
@@ -253,8 +273,9 @@ def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
     return out
 
 
-def superfed(results: Path) -> None:
-    grids = [p for suite in ("cifar10-superfed", "cifar10-superfed-checks") for p in sorted((results / suite).glob("pathological*")) if p.is_dir()]
+def superfed(records: Path) -> None:
+    suites = ("cifar10-superfed", "cifar10-superfed-checks", "cifar10-superfed-long")
+    grids = [p for suite in suites for p in sorted((records / suite).glob("pathological*")) if p.is_dir()]
     for grid in grids:
         print(f"\n## SuPerFed, {grid.parent.name} grid {grid.name}: mean accuracy at each evaluated round")
         for method in sorted(p for p in grid.iterdir() if p.is_dir()):
@@ -279,8 +300,8 @@ def superfed(results: Path) -> None:
                   f"best λ in (0, 1) {_fmt(inner)}; at each client's held-out λ {_fmt([d['final']['accuracy'] for d in runs.values()])}, "
                   f"at its test-chosen λ {_fmt([d['final']['oracle-accuracy'] for d in runs.values()])}")  # fmt: skip
             print("    mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
-            cos = _cosine_squared(grid / label, runs)
-            print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
+            if cos := _cosine_squared(grid / label, runs):
+                print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
             for other in sorted(p.name for p in grid.iterdir() if p.is_dir() and p.name != label):
                 if base := _runs(grid / other):
                     print(f"    minus {other} per seed: at the held-out λ {_paired(runs, base)}, at the test-chosen λ {_paired(runs, base, 'oracle-accuracy')}")
@@ -288,14 +309,17 @@ def superfed(results: Path) -> None:
 
 
 def main() -> None:
+    global RECORDS, RESULTS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--records", type=Path, default=RECORDS, help="the runs' records (default: bench/records)")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the runs' results-dirs, for what needs their final models (default: bench/results)")
     args = p.parse_args()
-    pfedla(args.results)
-    fedbn(args.results)
-    federico(args.results)
-    doublehead(args.results)
-    superfed(args.results)
+    RECORDS, RESULTS = args.records.resolve(), args.results.resolve()
+    pfedla(RECORDS)
+    fedbn(RECORDS)
+    federico(RECORDS)
+    doublehead(RECORDS)
+    superfed(RECORDS)
 
 
 if __name__ == "__main__":

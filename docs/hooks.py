@@ -32,12 +32,14 @@ LEFTOVER = re.compile(r"(?<!`)<!-- pflower:")
 
 
 def example(name: str) -> str:
-    """A short measured run of method ``name``'s declared ``example`` on the default data.
+    """A short measured run of method ``name``'s declared ``example`` on the default data, from
+    its committed record (the ``examples`` suite of ``pflower-bench``); no record stops the build."""
+    from pflower.bench import example_markdown
 
-    Extension point: return the Markdown to show (for instance a table rendered from the committed
-    benchmark records of that run). Until that renderer exists the marker renders as nothing.
-    """
-    return ""
+    try:
+        return example_markdown(name)
+    except ValueError as err:
+        raise PluginError(str(err)) from None
 
 
 def _method(name: str | None, page: str) -> str:

@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     results, records = args.results.resolve(), args.records.resolve()
     if not args.report_only:
         execute(runs, results, args.suite, records)
+    if not any(load_record(r, records, args.suite) for r in runs):  # never blank a page's tables
+        raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")
     page = args.page or suite_page(args.suite)
     print(report(args.suite, suite, runs, records, results / args.suite, page))
     if page is not None:

@@ -133,6 +133,16 @@ def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, 
     assert (page.parent / "figures" / "tiny" / "g-accuracy.png").exists() and (page.parent / "figures" / "tiny" / "g-bytes.png").exists()
 
 
+def test_a_suite_without_records_leaves_its_page_as_it_is(tmp_path):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:tiny:start -->\ntables of runs made before records\n<!-- bench:tiny:end -->\n")
+    args = ["--file", str(tmp_path / "suites.toml"), "--records", str(tmp_path / "records"), "--results", str(tmp_path / "results"), "--page", str(page)]
+    with pytest.raises(SystemExit, match="suite 'tiny' has no records in .*: nothing to report"):
+        main(["tiny", "--report-only", *args])
+    assert "tables of runs made before records" in page.read_text()
+
+
 def test_a_record_keeps_the_large_per_round_entries_for_the_last_round_only():
     metrics = {"config": {"method": "pfedla"}, "final": {"accuracy": 0.5},
                "rounds": [{"round": k, "accuracy": 0.1 * k, "alpha": {"0": [[k]]}, "alpha-structure": {"ratio": k}} for k in (1, 2, 3)]}  # fmt: skip
