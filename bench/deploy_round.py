@@ -55,7 +55,7 @@ def client_work(app: str, data_dir: Path) -> dict[str, float]:
         import pflower.client_app  # noqa: F401  what flwr-clientapp loads
         from pflower.config import load_settings
         from pflower.datasets import client_data
-        from pflower.models import build_model
+        from pflower.build import build_model
         from pflower.training import evaluate, train
 
         t1 = time.perf_counter()

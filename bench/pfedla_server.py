@@ -90,7 +90,7 @@ class StandInClients(Grid):
 def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim: int) -> dict:
     """One process, one N: run the strategy and time its server-side phases."""
     from pflower.config import load_settings
-    from pflower.methods import build_strategy
+    from pflower.build import build_strategy
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as out:

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from pflower.config import load_settings  # noqa: E402
 from pflower.datasets import client_data  # noqa: E402
-from pflower.launcher import process_tree  # noqa: E402
-from pflower.models import build_model  # noqa: E402
+from pflower.processes import process_tree  # noqa: E402
+from pflower.build import build_model  # noqa: E402
 from pflower.training import evaluate, train  # noqa: E402
 
 
