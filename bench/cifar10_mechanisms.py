@@ -33,14 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pflower.build import build_model
 from pflower.client_app.store import _records
 from pflower.config import load_settings
 from pflower.datasets import client_data, federated_indices, global_test
-from pflower.records import from_record
-from pflower.build import build_model
 from pflower.models.layers import layers, norm_keys
-from pflower.training import evaluate
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared
+from pflower.records import from_record
+from pflower.training import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,11 @@ def _distribution_correlation(doc: dict, layer: int) -> float:
 
 
 def pfedla(records: Path) -> None:
-    for suite, grid in ((records / "cifar10-pfedla", "noniid1"), (records / "cifar10-pfedla", "noniid2"), (records / "cifar10-pfedla-long", "noniid1-80-rounds")):
+    for suite, grid in (
+        (records / "cifar10-pfedla", "noniid1"),
+        (records / "cifar10-pfedla", "noniid2"),
+        (records / "cifar10-pfedla-long", "noniid1-80-rounds"),
+    ):
         learned = _runs(suite / grid / "pfedla")
         if not learned:
             continue
@@ -112,7 +116,9 @@ def pfedla(records: Path) -> None:
         print("correlation of the final weights with label-distribution overlap (histogram intersection), per layer (mean over seeds):")
         print("  " + ", ".join(f"{n} {c:.2f}" for n, c in zip(names, hist.mean(axis=0))))
         self_w = np.array([[[a[l][i] for l in range(len(names))] for i, a in enumerate(d["rounds"][-1]["alpha"].values())] for d in learned.values()])
-        print("self-weight per layer (mean over clients and seeds; uniform is 0.1): " + ", ".join(f"{n} {w:.3f}" for n, w in zip(names, self_w.mean(axis=(0, 1)))))
+        print(
+            "self-weight per layer (mean over clients and seeds; uniform is 0.1): " + ", ".join(f"{n} {w:.3f}" for n, w in zip(names, self_w.mean(axis=(0, 1))))
+        )
         for k in (1, 2, 3):
             heur = _runs(suite / grid / f"heurpfedla-k{k}")
             if not heur:
@@ -163,7 +169,9 @@ def fedbn(records: Path) -> None:
             local = norm_keys(model)
             averaged = {k: torch.stack([p[k].double() for p in personal]).mean(0).to(personal[0][k].dtype) for k in local}
             stats = [k for k in local if k.endswith("running_mean")]
-            spread.append(np.mean([float(torch.stack([p[k] for p in personal]).std(0).norm() / torch.stack([p[k] for p in personal]).mean(0).norm()) for k in stats]))
+            spread.append(
+                np.mean([float(torch.stack([p[k] for p in personal]).std(0).norm() / torch.stack([p[k] for p in personal]).mean(0).norm()) for k in stats])
+            )
             for c in range(n):
                 test = client_data(settings, c, n)[1]
                 for bn, out in ((personal[c], own), (averaged, mean)):
@@ -250,8 +258,9 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
                 alone["global head, local test"].append(float((g.argmax(1) == test.y).float().mean()))
                 alone["local head, local test"].append(float((loc.argmax(1) == test.y).float().mean()))
                 alone["global head, global test"].append(float((model.heads(union.x)[0].argmax(1) == union.y).float().mean()))
-    print(f"  the local head decides {np.mean(decided):.1%} of the local-test predictions; alone: "
-          + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in alone.items()))
+    print(
+        f"  the local head decides {np.mean(decided):.1%} of the local-test predictions; alone: " + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in alone.items())
+    )
 
 
 def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
@@ -305,7 +314,9 @@ def superfed(records: Path) -> None:
             for other in sorted(p.name for p in grid.iterdir() if p.is_dir() and p.name != label):
                 if base := _runs(grid / other):
                     print(f"    minus {other} per seed: at the held-out λ {_paired(runs, base)}, at the test-chosen λ {_paired(runs, base, 'oracle-accuracy')}")
-            print("    held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any()))
+            print(
+                "    held-out λ chosen by the clients: " + ", ".join(f"{lam:g} × {int((chosen == lam).sum())}" for lam in LAMBDA_GRID if (chosen == lam).any())
+            )
 
 
 def main() -> None:

@@ -53,9 +53,9 @@ def client_work(app: str, data_dir: Path) -> dict[str, float]:
     t0 = time.perf_counter()
     if app == "pflower":
         import pflower.client_app  # noqa: F401  what flwr-clientapp loads
+        from pflower.build import build_model
         from pflower.config import load_settings
         from pflower.datasets import client_data
-        from pflower.build import build_model
         from pflower.training import evaluate, train
 
         t1 = time.perf_counter()

@@ -89,8 +89,8 @@ class StandInClients(Grid):
 
 def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim: int) -> dict:
     """One process, one N: run the strategy and time its server-side phases."""
-    from pflower.config import load_settings
     from pflower.build import build_strategy
+    from pflower.config import load_settings
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as out:
@@ -99,8 +99,15 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
         warm = {"method": "pfedla", "dataset": "mnist", "data-dir": str(MNIST), "num-server-rounds": 1, "results-dir": out}
         build_strategy(load_settings(warm)).start(grid=StandInClients(2))
         cfg = {
-            "method": "pfedla", "dataset": "mnist", "data-dir": str(MNIST), "num-server-rounds": rounds,
-            "fraction-train": fraction, "fraction-evaluate": fraction, "pfedla.hidden-dim": hidden, "pfedla.key-dim": key_dim, "results-dir": out,
+            "method": "pfedla",
+            "dataset": "mnist",
+            "data-dir": str(MNIST),
+            "num-server-rounds": rounds,
+            "fraction-train": fraction,
+            "fraction-evaluate": fraction,
+            "pfedla.hidden-dim": hidden,
+            "pfedla.key-dim": key_dim,
+            "results-dir": out,
         }
         settings = load_settings(cfg)
         base = rss_bytes()
@@ -115,6 +122,7 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
                     return fn(*args, **kwargs)
                 finally:
                     spent[name] += time.perf_counter() - t0
+
             return wrapper
 
         for name in SERVER_PHASES:
@@ -163,14 +171,28 @@ def main() -> int:
     print("| N | sampled | hn hidden/key | server s/round | s/round per (sampled x N) | memory MiB | budget MiB | within |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.clients:
-        cmd = [sys.executable, __file__, "--one", "--clients", str(n), "--rounds", str(args.rounds),
-               "--hn-hidden-dim", str(args.hn_hidden_dim), "--hn-key-dim", str(args.hn_key_dim)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            "--clients",
+            str(n),
+            "--rounds",
+            str(args.rounds),
+            "--hn-hidden-dim",
+            str(args.hn_hidden_dim),
+            "--hn-key-dim",
+            str(args.hn_key_dim),
+        ]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
         t = r["server-seconds-per-round"]
         mb = r["server-memory-bytes"] / 2**20
         budget = r["budget-bytes"] / 2**20
-        print(f"| {n} | {r['sampled']} | {r['hn-hidden-dim']}/{r['hn-key-dim']} | {t:.3f} | {t / (r['sampled'] * n):.2e} "
-              f"| {mb:.0f} | {budget:.0f} | {'yes' if mb <= budget else 'no'} |", flush=True)
+        print(
+            f"| {n} | {r['sampled']} | {r['hn-hidden-dim']}/{r['hn-key-dim']} | {t:.3f} | {t / (r['sampled'] * n):.2e} "
+            f"| {mb:.0f} | {budget:.0f} | {'yes' if mb <= budget else 'no'} |",
+            flush=True,
+        )
     return 0
 
 

@@ -32,10 +32,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pflower.build import build_model  # noqa: E402
 from pflower.config import load_settings  # noqa: E402
 from pflower.datasets import client_data  # noqa: E402
 from pflower.processes import process_tree  # noqa: E402
-from pflower.build import build_model  # noqa: E402
 from pflower.training import evaluate, train  # noqa: E402
 
 

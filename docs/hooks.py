@@ -98,7 +98,7 @@ def expand(markdown: str, page: str) -> str:
     out = MARKER.sub(lambda m: render(m.group(1), m.group(2), page), markdown)
     left = LEFTOVER.search(out)
     if left:
-        raise PluginError(f"{page}: a malformed marker: {out[left.start():].splitlines()[0]!r}")
+        raise PluginError(f"{page}: a malformed marker: {out[left.start() :].splitlines()[0]!r}")
     return out
 
 

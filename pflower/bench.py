@@ -28,8 +28,8 @@ import numpy as np
 from flwr.common.config import flatten_dict
 
 from pflower.config import ConfigError, load_settings
-from pflower.methods import declarations
 from pflower.launcher import simulation_superlink, submit
+from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,8 +288,7 @@ def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "
     shown = [r for r in rows if r["round"] in {rows[0]["round"], 2, 5, rows[-1]["round"]}]
     record = run.record(records, "examples").relative_to(records.parent.parent) if records == RECORDS else run.record(records, "examples")
     lines = [
-        f"Its example, measured (`pflower-bench examples`; record `{record}`), on the default data"
-        f" ({suite['grid'][0]['title'].split(': ', 1)[1]}):",
+        f"Its example, measured (`pflower-bench examples`; record `{record}`), on the default data ({suite['grid'][0]['title'].split(': ', 1)[1]}):",
         "",
         "```bash",
         f'scripts/run.sh -c "{run_config_string(keys)}"',
@@ -308,7 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-bench", description="Run a benchmark suite (resumable), record its runs and build its tables and figures.")
     p.add_argument("suite", help="a suite of the suite file, e.g. 'small' or 'full'")
     p.add_argument("--file", type=Path, default=ROOT / "bench" / "suites.toml", help="suite file (default: bench/suites.toml)")
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where run results go, checkpoints and logs included (default: bench/results, not kept)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=ROOT / "bench" / "results",
+        help="where run results go, checkpoints and logs included (default: bench/results, not kept)",
+    )
     p.add_argument("--records", type=Path, default=RECORDS, help="where the runs' records go, the report's only input (default: bench/records, committed)")
     p.add_argument("--page", type=Path, help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it)")
     p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")

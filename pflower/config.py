@@ -56,9 +56,7 @@ def _kebab(name: str) -> str:
 class Settings(BaseModel):
     """Every run-config key, typed and range-checked."""
 
-    model_config = ConfigDict(
-        alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True
-    )
+    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True)
 
     method: str = Field("pfedla", description="the method to run, one of the declared methods; its own keys are `<method>.<key>`")
     dataset: Dataset = Field(
@@ -92,7 +90,8 @@ class Settings(BaseModel):
     )
     test_fraction: float = Field(0.3, gt=0, lt=1, description="share of each client's data held out as its test split")
     label_noise: LabelNoise = Field(
-        "none", description="flip `label-noise-ratio` of each client's *training* labels: `pair` (class c → c+1) or `symmetric` (to a random other class); `none` flips nothing"
+        "none",
+        description="flip `label-noise-ratio` of each client's *training* labels: `pair` (class c → c+1) or `symmetric` (to a random other class); `none` flips nothing",
     )
     label_noise_ratio: float = Field(0.0, ge=0, lt=1, description="share of each client's training labels that `label-noise` flips")
     test_mode: TestMode = Field(
@@ -112,7 +111,9 @@ class Settings(BaseModel):
         le=1,
         description="share of clients sampled for evaluation in a round that evaluates (by seed and round, apart from training's sample); every client evaluates in the last round",
     )
-    evaluate_every: int = Field(1, ge=1, description="evaluate every this many rounds (and always the last); metrics.json's other rows have `evaluated: 0` and no accuracy")
+    evaluate_every: int = Field(
+        1, ge=1, description="evaluate every this many rounds (and always the last); metrics.json's other rows have `evaluated: 0` and no accuracy"
+    )
     local_epochs: int = Field(5, ge=1, description="local epochs per round")
     batch_size: int = Field(32, ge=1, description="minibatch size")
     lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")
@@ -128,7 +129,9 @@ class Settings(BaseModel):
         description="the step size of round r is `lr` × (1 − `lr-decay`)^(r − 1), for every method's local training, fine-tuning included (not Per-FedAvg's one-step adaptation before evaluation); SuPerFed's protocol uses 0.01",
     )
     seed: int = Field(0, ge=0, description="seeds the partition, the initial model, client sampling and every client's minibatch order")
-    results_dir: str = Field("results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)")
+    results_dir: str = Field(
+        "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
+    )
     resume_from: str = Field("", description="a results-dir to continue: its `checkpoint.pt` is loaded and the run goes on after its last round")
     state_dir: str = Field(
         "", description="where clients save their personal state; empty: `<results-dir>/client-state`. A SuperNode's node config `state-dir` overrides it"
@@ -177,7 +180,7 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _params_of_the_method(self) -> "Settings":
+    def _params_of_the_method(self) -> Settings:
         want = declarations()[self.method].params
         if type(self.params) is not want:
             raise ValueError(f"params must be {want.__name__} for method '{self.method}', not {type(self.params).__name__}")

@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 import tomllib
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pflower.processes import console_script, free_port, stop, wait_for_port
@@ -60,8 +60,7 @@ def simulation_superlink(flwr_home: Path) -> Iterator[int]:
 def _superlink(flwr_home: Path, extra_env: dict[str, str]) -> Iterator[int]:
     port = free_port()
     (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
     log = open(flwr_home / "superlink.log", "ab")
     cmd = [
@@ -154,8 +153,14 @@ def stage_app(app: Path, dest: Path) -> Path:
 
 
 def submit(
-    app: Path, flwr_home: Path, run_config: str = "", num_clients: int | None = 10, cpus: int = 1, gpus: float = 0.0,
-    echo: bool = True, connection: str = CONNECTION,
+    app: Path,
+    flwr_home: Path,
+    run_config: str = "",
+    num_clients: int | None = 10,
+    cpus: int = 1,
+    gpus: float = 0.0,
+    echo: bool = True,
+    connection: str = CONNECTION,
 ) -> tuple[int, str, str]:
     """Submit one run to the running SuperLink and stream it to the end: (run id, status, log).
 
@@ -182,9 +187,7 @@ def submit(
     return run_id, run_status(flwr_home, app, run_id, connection), text
 
 
-def simulate(
-    app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None
-) -> tuple[int, str]:
+def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None) -> tuple[int, str]:
     """Run one simulation on a private SuperLink; returns (run id, final status)."""
     app = app.resolve()
     flwr_home = (flwr_home or app / ".flwr").resolve()
@@ -200,7 +203,7 @@ def _exit_on_sigterm(signum: int, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-sim", description=__doc__.split("\n\n")[0])
-    p.add_argument("-c", "--run-config", default="", help='run-config overrides, e.g. "method=\'fedprox\' lr=0.01"')
+    p.add_argument("-c", "--run-config", default="", help="run-config overrides, e.g. \"method='fedprox' lr=0.01\"")
     p.add_argument("--num-clients", type=int, default=10, help="virtual SuperNodes (clients)")
     p.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per ClientApp")
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
@@ -214,9 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    run_id, status = simulate(
-        args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home
-    )
+    run_id, status = simulate(args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home)
     print(f"run {run_id}: {status}", flush=True)
     return 0 if status.endswith("completed") else 1
 

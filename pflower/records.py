@@ -58,7 +58,7 @@ class FlatSpec:
     offsets: tuple[int, ...]
 
     @classmethod
-    def of(cls, state: Mapping[str, torch.Tensor], keys: Iterable[str] | None = None) -> "FlatSpec":
+    def of(cls, state: Mapping[str, torch.Tensor], keys: Iterable[str] | None = None) -> FlatSpec:
         keys = tuple(state if keys is None else keys)
         shapes = tuple(state[k].shape for k in keys)
         offsets = tuple(np.cumsum([0] + [int(np.prod(s)) for s in shapes]).tolist())
@@ -80,7 +80,4 @@ class FlatSpec:
         return torch.stack([self.flatten(s) for s in states])
 
     def unflatten(self, vec: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {
-            k: vec[a:b].reshape(shape)
-            for k, shape, a, b in zip(self.keys, self.shapes, self.offsets[:-1], self.offsets[1:])
-        }
+        return {k: vec[a:b].reshape(shape) for k, shape, a, b in zip(self.keys, self.shapes, self.offsets[:-1], self.offsets[1:])}

@@ -41,7 +41,7 @@ class GradualSharing:
     interval: int
 
     @classmethod
-    def of(cls, model: nn.Module, upload_keys: Sequence[str], interval: int) -> "GradualSharing":
+    def of(cls, model: nn.Module, upload_keys: Sequence[str], interval: int) -> GradualSharing:
         return cls(sharing_units(model, upload_keys), interval)
 
     def phase(self, server_round: int) -> int:

@@ -228,9 +228,9 @@ def in_process_rounds(cfg: dict, results: Path, num_clients: int = 3) -> list[di
     """Run ``cfg`` in process (results in ``results``); its per-round metrics without timings."""
     import json
 
+    from pflower.build import build_strategy
     from pflower.client_app import app
     from pflower.config import load_settings
-    from pflower.build import build_strategy
 
     cfg = {**cfg, "results-dir": str(results)}
     build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, num_clients))

@@ -37,7 +37,7 @@ def caller() -> str:
     """The innermost line of pflower on the stack, e.g. ``pflower/client_app/fedfomo.py:53: own[k] - ...``."""
     for frame in reversed(traceback.extract_stack()):
         if frame.filename.startswith(PACKAGE):
-            return f"pflower{frame.filename[len(PACKAGE):]}:{frame.lineno}: {frame.line}"
+            return f"pflower{frame.filename[len(PACKAGE) :]}:{frame.lineno}: {frame.line}"
     return "outside pflower"
 
 

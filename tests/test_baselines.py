@@ -6,12 +6,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_config
 from torch import nn
 
-from conftest import run_config
+from pflower.build import client_method
 from pflower.config import load_settings
 from pflower.datasets import Split
-from pflower.build import client_method
 from pflower.models.mixing import MixedModel, with_alpha
 
 torch.manual_seed(0)
@@ -187,6 +187,7 @@ def test_fedfomo_client_moves_toward_the_useful_models_only():
     from pflower.client_app.fedfomo import FedFomoClient
     from pflower.methods.fedfomo import IDS, WEIGHTS, peer_model
     from pflower.records import to_record
+
     s = load_settings(run_config(method="fedfomo"))
     client = FedFomoClient(s)
     torch.manual_seed(3)

@@ -55,7 +55,7 @@ def test_ordering_sentence():
 
 
 def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
-    (tmp_path / "suites.toml").write_text(SUITE.replace('lr = 0.01 }', 'lr = 0.01, fedprox.mu = 0.1 }'))
+    (tmp_path / "suites.toml").write_text(SUITE.replace("lr = 0.01 }", "lr = 0.01, fedprox.mu = 0.1 }"))
     _, runs = load_suite(tmp_path / "suites.toml", "tiny")
     with pytest.raises(SystemExit, match="run g/fedavg-slow/seed0: .*'fedprox.mu' = 0.1 is not allowed: belongs to method 'fedprox'"):
         execute(runs, tmp_path / "results", "tiny", tmp_path / "records")
@@ -106,7 +106,7 @@ def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, 
 @pytest.mark.e2e
 def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, capsys):
     suite_file = tmp_path / "suites.toml"
-    suite_file.write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', '{ label'))
+    suite_file.write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', "{ label"))
     suite, runs = load_suite(suite_file, "tiny")
     results, records = tmp_path / "results", tmp_path / "records"
     execute(runs, results, "tiny", records)
@@ -147,7 +147,11 @@ def test_a_record_keeps_the_large_per_round_entries_for_the_last_round_only():
     metrics = {"config": {"method": "pfedla"}, "final": {"accuracy": 0.5},
                "rounds": [{"round": k, "accuracy": 0.1 * k, "alpha": {"0": [[k]]}, "alpha-structure": {"ratio": k}} for k in (1, 2, 3)]}  # fmt: skip
     record = make_record(metrics, 12.5, 4)
-    assert [("alpha" in r, r["alpha-structure"]["ratio"], r["accuracy"]) for r in record["rounds"]] == [(False, 1, 0.1), (False, 2, 0.2), (True, 3, 0.30000000000000004)]
+    assert [("alpha" in r, r["alpha-structure"]["ratio"], r["accuracy"]) for r in record["rounds"]] == [
+        (False, 1, 0.1),
+        (False, 2, 0.2),
+        (True, 3, 0.30000000000000004),
+    ]
     assert record["rounds"][-1]["alpha"] == {"0": [[3]]} and record["bench"] == {"wall-seconds": 12.5, "clients": 4}
     assert "alpha" in metrics["rounds"][0]  # the run's own metrics are left as they were
 

@@ -2,8 +2,8 @@
 results-dir) without starting a SuperLink, Ray or a ServerApp."""
 
 import pytest
-
 from conftest import ROOT
+
 from pflower import launcher
 from pflower.check import check, main
 
@@ -29,9 +29,9 @@ def test_a_valid_run_config_passes(tmp_path, capsys):
 
 
 def test_the_serverapp_refuses_an_unwritable_results_dir_before_any_message(grid_factory):
+    from conftest import run_config
     from flwr.app import Context, RecordDict
 
-    from conftest import run_config
     from pflower.config import ConfigError
     from pflower.server_app import app
 

@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
+from conftest import assert_same_state, representatives, run_config
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from conftest import assert_same_state, representatives, run_config
+from pflower.build import build_strategy
 from pflower.checkpoint import CHECKPOINT, load_checkpoint
 from pflower.client_app.store import KEEP, StateStore
 from pflower.config import ConfigError, load_settings
-from pflower.build import build_strategy
 from pflower.records import from_record, to_record
 
 

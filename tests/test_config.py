@@ -1,8 +1,8 @@
 """Run-config validation: pyproject defaults are valid, every error names key, value and rule."""
 
 import pytest
-
 from conftest import DEFAULTS, MNIST_DIR, run_config
+
 from pflower.config import ConfigError, known_keys, load_settings
 
 

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 import torch
-
 from conftest import ROOT, in_process_rounds, run_config
+
 from pflower.bench import run_config_string
 from pflower.methods import declarations
 

@@ -5,10 +5,10 @@ them (tests/test_docs.py builds the site)."""
 import re
 
 import pytest
-
 from conftest import ROOT
-from pflower.client_app.base import ClientMethod
+
 from pflower import reference
+from pflower.client_app.base import ClientMethod
 from pflower.methods import declarations
 from pflower.strategies.loop import PflStrategy
 

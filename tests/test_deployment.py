@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import MNIST_DIR, ROOT, faulty_app, run_config
+
 from pflower.datasets.node import parse_groups, write_node_folders
 from pflower.deploy import Deployment
 from pflower.deploy.certificates import node_key
@@ -58,8 +58,8 @@ def _metrics(path):
 def test_federico_gives_the_same_result_deployed_as_in_process(deployment, tmp_path, grid_factory):
     """The relay's steps between real SuperNodes (a fresh ClientApp process per message) end
     exactly where the same run ends in process."""
-    from pflower.config import load_settings
     from pflower.build import build_strategy
+    from pflower.config import load_settings
 
     keys = {"method": "federico", "partition": "label-groups", "num_server_rounds": 1, "local_epochs": 1, "round_timeout": 120.0}
     config = "method='federico' partition='label-groups' num-server-rounds=1 local-epochs=1 round-timeout=120.0"

@@ -10,11 +10,11 @@ import os
 
 import pytest
 import torch
-
 from conftest import in_process_rounds, run_config
 from fake_device import FAKE, FakeDevice
-from pflower.config import load_settings
+
 from pflower.build import build_strategy
+from pflower.config import load_settings
 from pflower.methods import declarations
 
 

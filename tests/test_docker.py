@@ -12,10 +12,9 @@ import tomllib
 
 import pytest
 import yaml
+from conftest import ROOT
 from cryptography import x509
 from flwr.common.config import parse_config_args
-
-from conftest import ROOT
 
 DOCKER = ROOT / "docker"
 FLWR_PIN = re.search(r'"flwr\[simulation\]==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
@@ -91,7 +90,9 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
     assert sorted(partitions) == list(range(len(nodes)))
     # each node's own data is mounted read-only into its ClientApp executor only
     data = {n: [v for v in s.get("volumes", []) if v.split(":")[1] == "/app/data"] for n, s in services.items()}
-    executors = {s["command"][s["command"].index("--runtime-api-address") + 1].split(":")[0]: n for n, s in services.items() if "--runtime-api-address" in s["command"]}
+    executors = {
+        s["command"][s["command"].index("--runtime-api-address") + 1].split(":")[0]: n for n, s in services.items() if "--runtime-api-address" in s["command"]
+    }
     assert {n: v for n, v in data.items() if v} == {executors[node]: [f"./node-data/node{i}:/app/data:ro"] for i, node in enumerate(nodes)}
     assert all(services[executors[node]]["environment"]["PFLOWER_CACHE"].startswith("/app/state/") for node in nodes)
     # the executor image is built by one service and used by every executor

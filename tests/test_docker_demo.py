@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import MNIST_DIR, ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.xdist_group("docker")]
@@ -195,8 +194,8 @@ def test_up_wait_fails_naming_a_superlink_that_cannot_start(env, tmp_path):
     """The SuperLink's database path cannot be written: `up --wait` exits non-zero and names it."""
     broken = tmp_path / "broken.yml"
     broken.write_text(
-        "services:\n  superlink:\n    command: [\"--insecure\", \"--isolation\", \"process\", \"--host\", \"0.0.0.0\",\n"
-        "              \"--database\", \"/nonexistent/superlink.db\", \"--disable-runtime-dependency-installation\"]\n"
+        'services:\n  superlink:\n    command: ["--insecure", "--isolation", "process", "--host", "0.0.0.0",\n'
+        '              "--database", "/nonexistent/superlink.db", "--disable-runtime-dependency-installation"]\n'
     )
     compose = [*BASE, "-f", str(broken)]
     try:

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from pflower import reference
 from pflower.config import Settings, known_keys
 from pflower.methods import declarations

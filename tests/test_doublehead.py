@@ -4,19 +4,19 @@ import json
 
 import pytest
 import torch
+from conftest import run_config
 from flwr.app import MessageType
 
-from conftest import run_config
+from pflower.build import build_model, build_strategy, client_method
 from pflower.client_app.app import PERSONAL
 from pflower.config import ConfigError, load_settings
-from pflower.build import build_model, build_strategy, client_method
+from pflower.datasets import Split
 from pflower.models import DoubleHead, communicable_keys, keys_under, layers
 from pflower.models.doublehead import combine, predict
 from pflower.plots import compare_main
 from pflower.records import from_record, to_record
 from pflower.sharing import GradualSharing, sharing_units
 from pflower.training import evaluate
-from pflower.datasets import Split
 
 N = 3
 

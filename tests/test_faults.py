@@ -3,10 +3,11 @@
 import json
 
 import pytest
+from conftest import InProcessGrid, faulty_app, load_app, run_config
+from conftest import run_on_flower as _run
 
-from conftest import InProcessGrid, faulty_app, load_app, run_config, run_on_flower as _run
-from pflower.config import load_settings
 from pflower.build import build_strategy
+from pflower.config import load_settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("simulation-faults")]
 

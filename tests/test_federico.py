@@ -5,17 +5,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from torch import nn
-from flwr.app import Array, ArrayRecord, MessageType
-from flwr.app import RecordDict
-
 from conftest import run_config
-from pflower.records import from_record, to_record
+from flwr.app import Array, ArrayRecord, MessageType, RecordDict
+from torch import nn
+
+from pflower.build import build_strategy
 from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, e_step_loss, track
 from pflower.config import load_settings
 from pflower.datasets import Split
-from pflower.build import build_strategy
 from pflower.overlay import View
+from pflower.records import from_record, to_record
 from pflower.strategies.federico import RELAY, FedericoRelay
 
 

@@ -1,14 +1,13 @@
 """Image folders (dataset='imagefolder', CIFAR as a tree): layout, class order, the cache and its
 invalidation, and the errors, on small trees the tests write."""
 
-import os
 import time
 
 import numpy as np
 import pytest
+from conftest import run_config
 from PIL import Image
 
-from conftest import run_config
 from pflower.config import ConfigError, load_settings
 from pflower.datasets import folder as F
 

@@ -9,7 +9,6 @@ import time
 import zipfile
 
 import pytest
-
 from conftest import ROOT, faulty_app
 
 

@@ -5,17 +5,17 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message
-
 from conftest import run_config
+from flwr.app import ConfigRecord
+
 from pflower import training
+from pflower.build import build_strategy
 from pflower.client_app.app import PERSONAL
 from pflower.config import load_settings
-from pflower.build import build_strategy
 from pflower.methods import declarations
-from pflower.strategies.federation import EVALUATE_SAMPLE
 from pflower.models import communicable_keys, keys_under, norm_keys
 from pflower.records import from_record, to_record
+from pflower.strategies.federation import EVALUATE_SAMPLE
 
 N = 3
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pflower.config import load_settings
 from pflower.build import build_model
+from pflower.config import load_settings
 from pflower.models import communicable_keys, keys_under, layers, norm_keys
 
 
@@ -74,9 +74,7 @@ def test_key_sets():
     assert not any(k.endswith("num_batches_tracked") for k in comm)
     assert "body.1.running_mean" in comm
     assert keys_under(net, "head") == ["head.weight", "head.bias"]
-    assert set(norm_keys(net)) == {
-        f"body.{i}.{n}" for i in (1, 5) for n in ("weight", "bias", "running_mean", "running_var")
-    }
+    assert set(norm_keys(net)) == {f"body.{i}.{n}" for i in (1, 5) for n in ("weight", "bias", "running_mean", "running_var")}
     plain = build_model(load_settings({}), (1, 28, 28), 10, seed=0)
     assert norm_keys(plain) == []
 

@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import InProcessGrid, run_config
 from PIL import Image
 
-from conftest import InProcessGrid, run_config
 from pflower.datasets.node import class_union, load_node_data, parse_groups, write_node_folders
 from pflower.datasets.sources import DataError
 from pflower.records import from_record

@@ -121,14 +121,17 @@ def test_label_groups_samples_per_client_equal_per_class():
         P.label_groups(LABELS, 8, 2, seed=1, samples_per_client=400)
 
 
-@pytest.mark.parametrize("fn", [
-    lambda s: P.pathological(LABELS, 10, 4, s),
-    lambda s: P.dominant(LABELS, 10, 2, 0.8, s),
-    lambda s: P.dirichlet(LABELS, 10, 0.5, s),
-    lambda s: P.iid(LABELS, 10, s),
-    lambda s: P.label_groups(LABELS, 10, 3, s)[0],
-    lambda s: P.label_groups(LABELS, 10, 3, s, samples_per_client=50, assignment="random")[0],
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda s: P.pathological(LABELS, 10, 4, s),
+        lambda s: P.dominant(LABELS, 10, 2, 0.8, s),
+        lambda s: P.dirichlet(LABELS, 10, 0.5, s),
+        lambda s: P.iid(LABELS, 10, s),
+        lambda s: P.label_groups(LABELS, 10, 3, s)[0],
+        lambda s: P.label_groups(LABELS, 10, 3, s, samples_per_client=50, assignment="random")[0],
+    ],
+)
 def test_deterministic_for_a_seed(fn):
     a, b, c = fn(5), fn(5), fn(6)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
@@ -196,10 +199,13 @@ def test_samples_per_client_split_over_classes_within_one():
     assert all(sorted(np.bincount(POOL[p])[np.bincount(POOL[p]) > 0].tolist()) == [2, 2, 3, 3] for p in parts)
 
 
-@pytest.mark.parametrize("partition", [
-    lambda labels, spc: P.pathological(labels, 10, 2, seed=0, samples_per_client=spc),
-    lambda labels, spc: P.dominant(labels, 20, 2, 0.8, seed=0, samples_per_client=spc),
-])
+@pytest.mark.parametrize(
+    "partition",
+    [
+        lambda labels, spc: P.pathological(labels, 10, 2, seed=0, samples_per_client=spc),
+        lambda labels, spc: P.dominant(labels, 20, 2, 0.8, seed=0, samples_per_client=spc),
+    ],
+)
 def test_samples_per_client_beyond_the_pool_names_the_most_it_can_give(partition):
     """The error names the key, the short class and the largest size that works (and it does)."""
     import re

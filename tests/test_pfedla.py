@@ -3,14 +3,13 @@
 import json
 
 import numpy as np
-
 import pytest
 import torch
+from conftest import run_config
 from flwr.app import ConfigRecord, RecordDict
 
-from conftest import run_config
-from pflower.config import ConfigError, load_settings
 from pflower.build import build_strategy
+from pflower.config import ConfigError, load_settings
 from pflower.records import from_record, payload_bytes, to_record
 from pflower.similarity import alpha_structure, group_order
 from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, layer_spread, mix
@@ -247,8 +246,8 @@ def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_
 
 def _evaluate_locally(cfg, cid, num_clients, state):
     """A client's test metrics for a model state, computed outside Flower."""
-    from pflower.datasets import client_data
     from pflower.build import build_model
+    from pflower.datasets import client_data
     from pflower.training import evaluate
 
     s = load_settings(cfg)
@@ -298,7 +297,10 @@ def test_alpha_leaves_uniform_on_a_real_model(grid_factory, tmp_path):
     assert np.abs(np.array([learned[-1]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() > 0.03
     assert all(r["alpha"] == frozen[0]["alpha"] for r in frozen)
     assert np.abs(np.array([frozen[0]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() < 0.005
-    assert runs[0.05]["evaluation"] == {"evaluates": "its personalized model as the server sends it (HeurpFedLA: its retained layers its own)", "finetune-epochs": 0}
+    assert runs[0.05]["evaluation"] == {
+        "evaluates": "its personalized model as the server sends it (HeurpFedLA: its retained layers its own)",
+        "finetune-epochs": 0,
+    }
 
 
 def test_heurpfedla_client_whose_reply_was_lost_gets_every_layer_next(grid_factory, tmp_path):

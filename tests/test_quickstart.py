@@ -6,13 +6,13 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import ROOT, InProcessGrid
 from flwr.app import ArrayRecord, ConfigRecord
 
-from conftest import ROOT, InProcessGrid
 from pflower.records import from_record
 from pflower.strategies import FedAvg, Local, PFedLA, SuperFed
-from pflower.strategies.fedfomo import FedFomo
 from pflower.strategies.federation import NoClientsError
+from pflower.strategies.fedfomo import FedFomo
 
 spec = importlib.util.spec_from_file_location("quickstart_client_app", ROOT / "examples" / "quickstart" / "client_app.py")
 client = importlib.util.module_from_spec(spec)

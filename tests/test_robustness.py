@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
-
 from conftest import InProcessGrid, assert_same_state, run_config, with_metadata
-from pflower.config import ConfigError, load_settings
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
 from pflower.build import build_strategy
+from pflower.config import ConfigError, load_settings
 from pflower.methods import declarations
 from pflower.records import from_record, to_record
 
@@ -47,7 +49,7 @@ CORRUPTIONS = {
 ARRAY_CORRUPTIONS = {"missing-array", "extra-array", "shape", "dtype", "nan", "inf", "huge-update", "two-records"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _round_one(name: str):
     """A strategy after discovery, its round-1 messages and the genuine replies (built once)."""
     extra = dict(METHODS[name])

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import run_on_flower as _run
+
 from pflower.bench import run_config_string
 from pflower.methods import declarations
 
@@ -59,8 +59,9 @@ def test_every_method_runs_on_flower(superlink, tmp_path, method):
 def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     """Same seed, same numbers: Ray's worker placement and threads do not change the result."""
     from conftest import run_config
-    from pflower.config import load_settings
+
     from pflower.build import build_strategy
+    from pflower.config import load_settings
 
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
     _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1)  # two Ray workers
@@ -96,7 +97,6 @@ def test_a_users_serverapp_runs_pflower_strategies_with_a_quickstart_clientapp(s
     import importlib.util
 
     import torch
-
     from conftest import ROOT
 
     app = ROOT / "examples" / "quickstart"

@@ -3,10 +3,10 @@
 import gzip
 
 import numpy as np
-import torch
 import pytest
-
+import torch
 from conftest import MNIST_DIR
+
 from pflower.datasets.sources import DataError, load_digits, load_idx_family, read_idx
 
 

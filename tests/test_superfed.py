@@ -5,17 +5,16 @@ import json
 
 import pytest
 import torch
-
 from conftest import run_config
+
+from pflower.build import build_model, build_strategy
 from pflower.client_app.base import ClientMethod
-from pflower.client_app.superfed import SuperFedClient, VALIDATION_FRACTION, choose_lambda, holdout
-from pflower.methods.superfed import POOLED_KEY
+from pflower.client_app.superfed import VALIDATION_FRACTION, SuperFedClient, choose_lambda, holdout
 from pflower.config import load_settings
 from pflower.datasets import client_data
 from pflower.datasets.partition import noisy_labels
-from pflower.build import build_model, build_strategy
-from pflower.models.mixing import LAMBDA_GRID, MixedModel, cosine_squared
-from pflower.records import from_record
+from pflower.methods.superfed import POOLED_KEY
+from pflower.models.mixing import LAMBDA_GRID, cosine_squared
 from pflower.training import calibration_errors, evaluate
 
 

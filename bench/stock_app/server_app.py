@@ -6,11 +6,10 @@ import time
 from pathlib import Path
 
 import torch
+from client_app import Net
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-
-from client_app import Net
 
 app = ServerApp()
 
@@ -28,5 +27,10 @@ def main(grid: Grid, context: Context) -> None:
         return MetricRecord({})
 
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=3)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), train_config=ConfigRecord({}),
-                   num_rounds=int(context.run_config["num-server-rounds"]), evaluate_fn=stamp)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(Net().state_dict()),
+        train_config=ConfigRecord({}),
+        num_rounds=int(context.run_config["num-server-rounds"]),
+        evaluate_fn=stamp,
+    )

@@ -1,8 +1,8 @@
 import torch
+from client_app import Net
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from client_app import Net
 from pflower.strategies import FedAvg, PFedLA
 
 app = ServerApp()

@@ -30,8 +30,8 @@ from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, global_test, pool_for
-from pflower.device import deterministic_kernels, device
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
+from pflower.device import deterministic_kernels, device
 from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
 

@@ -14,7 +14,6 @@ from pflower.datasets import Split
 from pflower.models import communicable_keys
 from pflower.training import LossFn, cross_entropy, evaluate, train
 
-
 #: The record of ``context.state`` that holds a client's whole personal model.
 PERSONAL = "personal"
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
@@ -69,9 +69,7 @@ def track(losses: dict[int, float], observed: dict[int, float], beta: float) -> 
     return out
 
 
-def choose_neighbours(
-    owner: int, weights: dict[int, float], view: Sequence[int], k: int, epsilon: float, rng: np.random.Generator
-) -> list[int]:
+def choose_neighbours(owner: int, weights: dict[int, float], view: Sequence[int], k: int, epsilon: float, rng: np.random.Generator) -> list[int]:
     """Epsilon-greedy: per slot, a random view peer with probability epsilon, else the best-weighted tracked peer."""
     ranked = sorted((j for j in weights if j != owner), key=lambda j: (-weights[j], j))
     chosen: list[int] = []

@@ -36,9 +36,7 @@ def _plain(state: RecordDict) -> dict:
 
 
 def _records(plain: dict) -> RecordDict:
-    return RecordDict(
-        {name: to_record(value) if kind == "arrays" else _KINDS[kind](value) for name, (kind, value) in plain.items()}
-    )
+    return RecordDict({name: to_record(value) if kind == "arrays" else _KINDS[kind](value) for name, (kind, value) in plain.items()})
 
 
 class StateStore:

@@ -38,7 +38,6 @@ from pflower.training import evaluate
 VALIDATION_FRACTION = 0.1
 
 
-
 def choose_lambda(val_loss: Sequence[float], pooled: Sequence[float] | None = None) -> int:
     """Index of the grid lambda with the lowest held-out loss, own plus pooled (first on ties)."""
     score = np.asarray(val_loss, dtype=np.float64)
@@ -51,6 +50,7 @@ def choose_lambda(val_loss: Sequence[float], pooled: Sequence[float] | None = No
 
 class SuperFedClient(ClientMethod):
     EVALUATES = "the mixed model at the lambda chosen on held-out training data (own plus pooled held-out loss)"
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         return keys_under(model, "fed")
 

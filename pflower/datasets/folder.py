@@ -42,7 +42,7 @@ class FolderIndex:
     def key(self, image_size: int) -> str:
         """A digest of every file's relative path, size and modification time, and the image size."""
         h = hashlib.sha256(f"{image_size}\n".encode())
-        for split, label, path in self.files:
+        for _split, label, path in self.files:
             st = path.stat()
             h.update(f"{path.relative_to(self.root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:24]

@@ -85,9 +85,7 @@ def _too_few(samples_per_client: int, c: int, need: int, have: int, most: int) -
     )
 
 
-def pathological(
-    labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int, samples_per_client: int = 0
-) -> list[np.ndarray]:
+def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int, samples_per_client: int = 0) -> list[np.ndarray]:
     """Each client gets ``classes_per_client`` random classes, the same number of samples each.
 
     By default the per-class count is the largest one that every chosen class can supply to all
@@ -120,10 +118,7 @@ def pathological(
             most = _largest(lambda t: bool((need_for(t) <= have).all()), min(samples_per_client - 1, len(labels) // num_clients))
             raise _too_few(samples_per_client, c, int(need[c]), int(have[c]), most)
     elif per_class == 0:
-        raise PartitionError(
-            f"pathological partition: {num_clients} clients x {classes_per_client} classes "
-            f"leaves no samples per class for some client"
-        )
+        raise PartitionError(f"pathological partition: {num_clients} clients x {classes_per_client} classes leaves no samples per class for some client")
     else:
         counts = np.full((num_clients, classes_per_client), per_class)
     taken = np.zeros(len(pools), dtype=np.int64)
@@ -249,9 +244,7 @@ def _class_balanced_subset(part: np.ndarray, labels: np.ndarray, size: int, rng:
     return np.sort(np.concatenate(chosen))
 
 
-def train_test_split(
-    indices: np.ndarray, labels: np.ndarray, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def train_test_split(indices: np.ndarray, labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Stratified split of one client's indices: train and test share the label distribution."""
     rng = np.random.default_rng(seed)
     train, test = [], []

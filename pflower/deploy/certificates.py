@@ -4,7 +4,7 @@ SuperNode (for TLS and SuperNode authentication)."""
 from __future__ import annotations
 
 import ipaddress
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 
@@ -20,7 +20,7 @@ def make_pki(out: Path, hosts: list[str], nodes: int) -> None:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     out.mkdir(parents=True, exist_ok=True)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     def cert(subject: str, key, issuer: str, signer, extensions) -> x509.Certificate:
         b = (
@@ -71,6 +71,4 @@ def node_key(path: Path) -> None:
     key = ec.generate_private_key(ec.SECP384R1())
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
     path.chmod(0o600)
-    path.with_suffix(".pub").write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    )
+    path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))

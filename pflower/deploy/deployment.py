@@ -97,7 +97,7 @@ class Deployment:
         (self.dir / STATE_FILE).write_text(json.dumps(state, indent=1))
 
     # start and stop
-    def start(self) -> "Deployment":
+    def start(self) -> Deployment:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.tls:
             print("WARNING: insecure deployment: no TLS, no SuperNode authentication. Use only on a trusted network.", file=sys.stderr)
@@ -117,7 +117,7 @@ class Deployment:
             raise
         return self
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -136,8 +136,7 @@ class Deployment:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         security = f'root-certificates = "{self.dir / "pki" / "ca.crt"}"' if self.tls else "insecure = true"
         (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "{self.link_address}:{self.ports["api"]}"\n{security}\n'
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.link_address}:{self.ports["api"]}"\n{security}\n'
         )
 
     def _start_superlink(self) -> None:

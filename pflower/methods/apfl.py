@@ -6,7 +6,12 @@ from pflower.methods.declaration import Method, MethodParams
 
 
 class APFLParams(MethodParams):
-    alpha: float = Field(0.5, ge=0, le=1, description="initial mixing weight α of the local model (learned from there by the run's optimizer, its weight decay included; FL-bench's default)")
+    alpha: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="initial mixing weight α of the local model (learned from there by the run's optimizer, its weight decay included; FL-bench's default)",
+    )
 
 
 def wrap(model, params: APFLParams):

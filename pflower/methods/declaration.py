@@ -29,7 +29,8 @@ class HeadParams(MethodParams):
     """The key of the methods that keep one part of the model personal and federate the rest."""
 
     head: Literal["last", "classifier"] = Field(
-        "last", description="where the head begins: `last` (the last Linear) or `classifier` (every fully connected layer: the split SuPerFed's code gives FedPer, FedRep and LG-FedAvg)"
+        "last",
+        description="where the head begins: `last` (the last Linear) or `classifier` (every fully connected layer: the split SuPerFed's code gives FedPer, FedRep and LG-FedAvg)",
     )
 
 

@@ -9,7 +9,6 @@ from pydantic import Field
 
 from pflower.methods.declaration import Method, MethodParams
 
-
 #: The relayed steps of a round, in order.
 STEPS = ("plan", "serve", "use", "update")
 PLAN = "plan"  # ConfigRecord a client plans with: "neighbours" (whose models it wants), "gossip-to" (its shuffle partner)

@@ -8,8 +8,14 @@ from pflower.methods.declaration import Method, MethodParams
 class PFedMeParams(MethodParams):
     lam: float = Field(15.0, gt=0, description="λ of the Moreau envelope f(θ) + λ/2·‖θ − w‖² (the authors' MNIST runs)")
     k: int = Field(5, ge=1, description="inner steps on θ per minibatch")
-    personal_lr: float = Field(0.01, gt=0, description="step of the inner solver on θ (FL-bench's; the authors' 0.1, for their MNIST model, gives NaN with our CNN in round 1)")
-    lr: float = Field(0.005, gt=0, description="step η of the local model, w ← w − η·λ·(w − θ), with the run's momentum and weight decay (the authors' MNIST runs; the run's `lr` would make η·λ > 1)")
+    personal_lr: float = Field(
+        0.01, gt=0, description="step of the inner solver on θ (FL-bench's; the authors' 0.1, for their MNIST model, gives NaN with our CNN in round 1)"
+    )
+    lr: float = Field(
+        0.005,
+        gt=0,
+        description="step η of the local model, w ← w − η·λ·(w − θ), with the run's momentum and weight decay (the authors' MNIST runs; the run's `lr` would make η·λ > 1)",
+    )
     beta: float = Field(1.0, gt=0, description="server mixing w ← (1 − β)·w + β·mean(w_i); 1 is FedAvg")
 
 

@@ -11,9 +11,7 @@ class MLP(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, hidden: int = 200):
         super().__init__()
-        self.body = nn.Sequential(
-            nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
-        )
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
         self.head = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ class View:
     ages: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def from_lists(cls, owner: int, size: int, ids: list[int], ages: list[int]) -> "View":
+    def from_lists(cls, owner: int, size: int, ids: list[int], ages: list[int]) -> View:
         return cls(owner, size, {int(i): int(a) for i, a in zip(ids, ages)})
 
     def to_lists(self) -> tuple[list[int], list[int]]:

@@ -10,11 +10,10 @@ FedMedian and FedTrimmedAvg) the coordinate-wise median or trimmed mean. With
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-import torch
+from collections.abc import Sequence
 from logging import INFO
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
@@ -64,7 +63,7 @@ class FedAvg(TrainRounds):
         self._records: dict[int, ArrayRecord] = {}  # units shared -> their current global arrays
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> "FedAvg":
+    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> FedAvg:
         s = settings
         sharing = GradualSharing.of(model, upload_keys, s.gradual_interval)
         strategy = cls(**cls.common_kwargs(s), aggregation=s.aggregation, trim_fraction=s.trim_fraction, sharing=sharing)
@@ -116,8 +115,14 @@ class FedAvg(TrainRounds):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
         if self.sharing.interval:
             p = self.sharing.phase(server_round)
-            log(INFO, "Gradual sharing, round %d: phase %d of %d, sharing layers up to '%s'",
-                server_round, p, len(self.sharing.units), self.sharing.layer_name(p - 1))
+            log(
+                INFO,
+                "Gradual sharing, round %d: phase %d of %d, sharing layers up to '%s'",
+                server_round,
+                p,
+                len(self.sharing.units),
+                self.sharing.layer_name(p - 1),
+            )
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:

@@ -50,7 +50,7 @@ class FedericoRelay(PflStrategy):
         self.model_spec: dict[str, ArraySpec] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings, model, upload_keys) -> "FedericoRelay":
+    def from_settings(cls, settings: Settings, model, upload_keys) -> FedericoRelay:
         from pflower.records import to_record
 
         strategy = cls(**cls.common_kwargs(settings), view_size=settings.params.view_size)
@@ -71,9 +71,7 @@ class FedericoRelay(PflStrategy):
     def round_extras(self, server_round: int) -> dict:
         """``collaboration-weights``: each client's weights over the clients it tracks."""
         weights = {
-            str(c): {str(int(j)): float(w) for j, w in zip(m["weight-ids"], m["weights"])}
-            for c, m in sorted(self.eval_metrics.items())
-            if "weight-ids" in m
+            str(c): {str(int(j)): float(w) for j, w in zip(m["weight-ids"], m["weights"])} for c, m in sorted(self.eval_metrics.items()) if "weight-ids" in m
         }
         return {"collaboration-weights": weights} if weights else {}
 

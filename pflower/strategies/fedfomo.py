@@ -37,7 +37,7 @@ class FedFomo(PersonalModels):
         self.sent: dict[int, list[int]] = {}  # this round's: client -> the peers whose models it got
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "FedFomo":
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> FedFomo:
         p = settings.params
         strategy = cls(**cls.common_kwargs(settings), m=p.m, epsilon=p.epsilon, layers=layers(model))
         strategy.initial_arrays = to_record(model.state_dict(), upload_keys)

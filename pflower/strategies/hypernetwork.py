@@ -46,7 +46,7 @@ class HyperNetworks:
     keys: torch.Tensor  # [N, k], fixed
 
     @classmethod
-    def create(cls, num_clients: int, num_layers: int, emb_dim: int, hidden: int, key_dim: int, seed: int) -> "HyperNetworks":
+    def create(cls, num_clients: int, num_layers: int, emb_dim: int, hidden: int, key_dim: int, seed: int) -> HyperNetworks:
         g = torch.Generator().manual_seed(seed)
         n, k = num_clients, min(num_clients, key_dim)
 
@@ -167,7 +167,7 @@ class ModelGenerator:
     velocity: dict[str, torch.Tensor]
 
     @classmethod
-    def create(cls, num_clients: int, size: int, emb_dim: int, hidden: int, n_hidden: int, seed: int) -> "ModelGenerator":
+    def create(cls, num_clients: int, size: int, emb_dim: int, hidden: int, n_hidden: int, seed: int) -> ModelGenerator:
         g = torch.Generator().manual_seed(seed)
 
         def linear(fan_in: int, fan_out: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -109,7 +109,7 @@ class PflStrategy(Strategy):
                     seed=s.seed, results_dir=s.results_dir, run_config=s.to_run_config())  # fmt: skip
 
     @classmethod
-    def from_settings(cls, settings: Settings, model, upload_keys) -> "PflStrategy":
+    def from_settings(cls, settings: Settings, model, upload_keys) -> PflStrategy:
         """The strategy of a pflower run: its keyword arguments from the run config, its initial
         arrays the model's upload keys."""
         strategy = cls(**cls.common_kwargs(settings))
@@ -347,7 +347,9 @@ class TrainRounds(PflStrategy):
         return self.federation.messages(ids, MessageType.TRAIN, self.train_arrays(server_round, ids), config, self.train_extras(server_round, ids))
 
     def aggregate_train(self, server_round: int, replies) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid = self.gate.accept(replies, self.federation.client_of, self.upload_spec_for(server_round), MessageType.TRAIN, self.update_reference, self.check_reply)
+        valid = self.gate.accept(
+            replies, self.federation.client_of, self.upload_spec_for(server_round), MessageType.TRAIN, self.update_reference, self.check_reply
+        )
         if valid:
             self.aggregate(server_round, valid)
         return self.global_arrays(), MetricRecord({**weighted_metrics(valid), "replies": len(valid)})

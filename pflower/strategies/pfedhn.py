@@ -40,7 +40,7 @@ class PFedHN(PersonalModels):
         self.generator: ModelGenerator | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedHN":
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> PFedHN:
         p = settings.params
         strategy = cls(**cls.common_kwargs(settings), embedding_dim=p.embedding_dim, hidden_dim=p.hidden_dim, n_hidden=p.n_hidden,
                        hn_lr=p.hn_lr, momentum=p.momentum, weight_decay=p.weight_decay, layers=layers(model))  # fmt: skip

@@ -32,8 +32,8 @@ from pflower.config import ConfigError, Settings
 from pflower.models import layers
 from pflower.records import to_record
 from pflower.similarity import alpha_structure
-from pflower.strategies.personal import PersonalModels, chunks
 from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_spread, mix
+from pflower.strategies.personal import PersonalModels, chunks
 from pflower.strategies.validation import Reply
 
 #: Record alpha of every client in metrics.json up to this many clients (N x layers x N numbers).
@@ -59,7 +59,7 @@ class PFedLA(PersonalModels):
         self.unsynced: set[int] = set()  # trained, reply not accepted: own layers the server has not seen
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> "PFedLA":
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> PFedLA:
         p = settings.params
         strategy = cls(**cls.common_kwargs(settings), hn_lr=p.hn_lr, embedding_dim=p.embedding_dim, hidden_dim=p.hidden_dim,
                        key_dim=p.key_dim, top_k=getattr(p, "top_k", 0), layers=layers(model))  # fmt: skip

@@ -18,7 +18,7 @@ class PFedMe(FedAvg):
         self.beta = beta
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> "PFedMe":
+    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> PFedMe:
         strategy = super().from_settings(settings, model, upload_keys)
         strategy.beta = settings.params.beta
         return strategy

@@ -20,7 +20,7 @@ class ArraySpec:
     dtype: torch.dtype
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "ArraySpec":
+    def of(cls, t: torch.Tensor) -> ArraySpec:
         return cls(tuple(t.shape), t.dtype)
 
 
