@@ -53,6 +53,15 @@ def _runs(directory: Path) -> dict[int, dict]:
     return {int(f.stem[4:]): json.loads(f.read_text()) for f in sorted(directory.glob("seed*.json"))}
 
 
+def _settings(doc: dict):
+    """A record's settings on this machine: its data where this checkout's shared data is (a
+    record names the folder of the machine that made it), no results-dir."""
+    config = {k: v for k, v in doc["config"].items() if k != "results-dir"}
+    if config.get("data-dir") and not Path(config["data-dir"]).is_dir():
+        config["data-dir"] = str(ROOT.parent / "shared" / "data" / Path(config["data-dir"]).name)
+    return load_settings(config)
+
+
 def _run_dir(directory: Path, seed: int) -> Path | None:
     """The results-dir (checkpoint, client states) of a recorded run, if it is on this machine."""
     run = RESULTS / directory.relative_to(RECORDS) / f"seed{seed}"
@@ -82,7 +91,7 @@ def _distribution_correlation(doc: dict, layer: int) -> float:
     """Pearson correlation, over pairs i != j, of client i's final weight on client j in
     ``layer`` with the overlap of their training label distributions, sum_c min(p_i(c), p_j(c))
     (defined where class sets are not: with every class on every client, as in non-IID_2)."""
-    settings, n = load_settings(doc["config"]), doc["num-clients"]
+    settings, n = _settings(doc), doc["num-clients"]
     p = np.array([np.bincount(client_data(settings, c, n)[0].y.numpy(), minlength=10) for c in range(n)], dtype=np.float64)
     p /= p.sum(axis=1, keepdims=True)
     overlap = np.minimum(p[:, None, :], p[None, :, :]).sum(axis=2)
@@ -107,7 +116,7 @@ def pfedla(records: Path) -> None:
             diff = [learned[s]["final"]["accuracy"] - frozen[s]["final"]["accuracy"] for s in seeds]
             print(f"learned - frozen accuracy per seed {seeds}: {', '.join(f'{d:+.4f}' for d in diff)} (mean {np.mean(diff):+.4f})")
         doc = next(iter(learned.values()))
-        names = [layer.name for layer in layers(build_model(load_settings(doc["config"]), (3, 32, 32), 10, 0))]
+        names = [layer.name for layer in layers(build_model(_settings(doc), (3, 32, 32), 10, 0))]
         corr = np.array([d["rounds"][-1]["alpha-structure"]["overlap-correlation"] for d in learned.values()], dtype=np.float64)
         if not np.isnan(corr).all():  # undefined where every client has every class
             print("correlation of the final weights with class overlap, per layer (mean over seeds):")
@@ -161,7 +170,7 @@ def fedbn(records: Path) -> None:
             if (run := _run_dir(directory, seed)) is None:
                 print(f"  {directory.relative_to(RECORDS)}/seed{seed}: its final models are not here (results-dir); skipped")
                 continue
-            settings, n = load_settings(doc["config"]), doc["num-clients"]
+            settings, n = _settings(doc), doc["num-clients"]
             model = build_model(settings, (3, 32, 32), 10, settings.seed)
             shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
             shared = shared if isinstance(shared, dict) else from_record(shared)
@@ -190,7 +199,7 @@ def federico(records: Path) -> None:
             continue
         own_group, top_mean, top_sum = [], [], []
         for doc in runs.values():
-            settings = load_settings(doc["config"])
+            settings = _settings(doc)
             fi = federated_indices(settings, doc["num-clients"])
             for i, w in doc["rounds"][-1]["collaboration-weights"].items():
                 ids = np.array([int(j) for j in w])
@@ -240,7 +249,7 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
     for seed, doc in runs.items():
         if (run := _run_dir(directory, seed)) is None:
             continue
-        settings = load_settings(doc["config"])
+        settings = _settings(doc)
         n = doc["num-clients"]
         model = build_model(settings, (3, 32, 32), 10, settings.seed).eval()
         shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]

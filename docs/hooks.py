@@ -33,13 +33,13 @@ LEFTOVER = re.compile(r"(?<!`)<!-- pflower:")
 
 def example(name: str) -> str:
     """A short measured run of method ``name``'s declared ``example`` on the default data, from
-    its committed record (the ``examples`` suite of ``pflower-bench``); no record stops the build."""
+    this checkout's record (the ``examples`` suite of ``pflower-bench``); no record stops the build."""
     from pflower.bench import example_markdown
 
     try:
-        return example_markdown(name)
-    except ValueError as err:
-        raise PluginError(str(err)) from None
+        return example_markdown(name, ROOT / "bench" / "records", ROOT / "bench" / "suites.toml")
+    except (ValueError, KeyError, IndexError, OSError, SystemExit) as err:
+        raise PluginError(f"the example of method '{name}': {err}") from None
 
 
 def _method(name: str | None, page: str) -> str:

@@ -8,8 +8,8 @@ round; no checkpoint or model), committed with the tables it produced; a run's f
 first run without a record. The report is built from the records alone: per grid a Markdown and
 a CSV table (mean +- std over seeds of the final mean and weighted accuracy, total bytes, wall
 time) and the accuracy-per-round and accuracy-vs-bytes figures, written into the docs page that
-holds the suite's block (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``) with the
-figures under ``docs/figures/bench/SUITE/``. ``--report-only`` on a fresh clone rebuilds them.
+holds the suite's block (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``; once every
+grid has records) with the figures in ``figures/SUITE/`` beside that page. ``--report-only`` on a fresh clone rebuilds them.
 """
 
 from __future__ import annotations
@@ -112,25 +112,38 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_record(run: Run, records: Path, suite: str) -> dict[str, Any] | None:
-    """The run's record if it has all its rounds, else None."""
-    path = run.record(records, suite)
-    if not path.is_file():
+#: Run-config keys that name places on one machine: a record made elsewhere still matches its run.
+PLACES = ("data-dir", "results-dir")
+
+
+def matches(run: Run, doc: dict[str, Any]) -> bool:
+    """Whether a record or metrics.json is of ``run``: all its rounds, its final metrics, and every
+    key of the run's config (but places) as the suite says it now."""
+    config = doc.get("config", {})
+    return len(doc.get("rounds", [])) >= run.rounds and "final" in doc and all(config.get(k) == v for k, v in run.config.items() if k not in PLACES)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # absent, or cut short by a crash
         return None
-    doc = json.loads(path.read_text())
-    return doc if len(doc.get("rounds", [])) >= run.rounds else None
+
+
+def load_record(run: Run, records: Path, suite: str) -> dict[str, Any] | None:
+    """The run's record if there is one of the run as the suite declares it now, else None."""
+    doc = _read(run.record(records, suite))
+    return doc if doc is not None and matches(run, doc) else None
 
 
 def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
-    """A run is finished when it has a record; a results-dir that finished (metrics.json with
-    every round and the bench's bench.json) but has no record yet gets one now."""
+    """A run is finished when it has a record; a results-dir that finished (metrics.json of the
+    run with every round, and the bench's bench.json) but has no record yet gets one now."""
     if load_record(run, records, suite) is not None:
         return True
     d = run.directory(results, suite)
-    if not (d / "metrics.json").is_file() or not (d / "bench.json").is_file():
-        return False
-    metrics, bench = json.loads((d / "metrics.json").read_text()), json.loads((d / "bench.json").read_text())
-    if len(metrics.get("rounds", [])) < run.rounds:
+    metrics, bench = _read(d / "metrics.json"), _read(d / "bench.json")
+    if metrics is None or bench is None or not matches(run, metrics):
         return False
     write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"]))
     return True
@@ -160,8 +173,9 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
             (d / "run.log").write_text(log)
             if status != "finished:completed":
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{status}'; log in {d / 'run.log'}")
-            (d / "bench.json").write_text(json.dumps({"wall-seconds": wall, "clients": run.clients}))
-            finished(run, results, records, suite)
+            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients})
+            if not finished(run, results, records, suite):
+                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
 
 
@@ -282,11 +296,13 @@ def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "
     run = next((r for r in runs if r.label == name), None)
     doc = load_record(run, records, "examples") if run is not None else None
     if doc is None:
-        raise ValueError(f"method '{name}' has no record of its example: run `pflower-bench examples`")
+        raise ValueError(f"method '{name}' has no record of its example as declared now: run `pflower-bench examples`")
     keys = {"method": name, **{k: v for k, v in run.config.items() if k not in ("seed", "method")}}
     rows = [r for r in doc["rounds"] if r.get("accuracy") is not None]
+    if not rows:
+        raise ValueError(f"method '{name}': its example's record has no evaluated round")
     shown = [r for r in rows if r["round"] in {rows[0]["round"], 2, 5, rows[-1]["round"]}]
-    record = run.record(records, "examples").relative_to(records.parent.parent) if records == RECORDS else run.record(records, "examples")
+    record = run.record(records, "examples").relative_to(records.parent.parent)
     lines = [
         f"Its example, measured (`pflower-bench examples`; record `{record}`), on the default data ({suite['grid'][0]['title'].split(': ', 1)[1]}):",
         "",
@@ -319,11 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite)
     results, records = args.results.resolve(), args.records.resolve()
-    if not args.report_only:
+    if args.report_only:
+        for run in runs:  # finished results-dirs of this machine get their records; nothing runs
+            finished(run, results, records, args.suite)
+    else:
         execute(runs, results, args.suite, records)
     if not any(load_record(r, records, args.suite) for r in runs):  # never blank a page's tables
         raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")
     page = args.page or suite_page(args.suite)
+    missing = [g["name"] for g in suite["grid"] if not any(load_record(r, records, args.suite) for r in runs if r.grid == g["name"])]
+    if page is not None and missing:  # the page keeps its tables until every grid has records
+        print(f"grids without records: {', '.join(missing)}; {page} is left as it is", flush=True)
+        page = None
     print(report(args.suite, suite, runs, records, results / args.suite, page))
     if page is not None:
         print(f"tables written into {page}", flush=True)

@@ -63,11 +63,23 @@ def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
 
 
 def _fake_run(directory, accuracy, rounds=1, **extra):
+    """A finished results-dir of the tiny suite's run in ``directory`` (.../LABEL/seedK)."""
+    label, seed = directory.parent.name, int(directory.name[4:])
+    config = next(r.config for r in load_suite_text(SUITE)[1] if (r.label, r.seed) == (label, seed))
     directory.mkdir(parents=True)
     final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20, **extra}
     steps = [{"round": k + 1, "accuracy": accuracy, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20} for k in range(rounds)]
-    (directory / "metrics.json").write_text(json.dumps({"final": final, "rounds": steps}))
+    (directory / "metrics.json").write_text(json.dumps({"config": config, "final": final, "rounds": steps}))
     (directory / "bench.json").write_text(json.dumps({"wall-seconds": 10.0, "clients": 3}))
+
+
+def load_suite_text(text):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "suites.toml").write_text(text)
+        return load_suite(Path(d) / "suites.toml", "tiny")
 
 
 def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
@@ -131,6 +143,35 @@ def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, 
     assert "old" not in new and "![g-accuracy](figures/tiny/g-accuracy.png) ![g-bytes](figures/tiny/g-bytes.png)" in new
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1].startswith("g,fedavg-slow,1,")
     assert (page.parent / "figures" / "tiny" / "g-accuracy.png").exists() and (page.parent / "figures" / "tiny" / "g-bytes.png").exists()
+
+
+def test_a_record_or_results_dir_of_another_config_or_cut_short_is_not_finished(tmp_path):
+    """A suite entry changed since a run (here fedavg-slow's lr) runs again; so do a results-dir
+    whose bench.json a crash cut short and one without all its rounds."""
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results, records = tmp_path / "results", tmp_path / "records"
+    _fake_run(results / "tiny" / "g" / "fedavg-slow" / "seed0", 0.6)
+    _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
+    _fake_run(results / "tiny" / "g" / "local" / "seed1", 0.5, rounds=0)
+    (tmp_path / "changed.toml").write_text(SUITE.replace("lr = 0.01", "lr = 0.02"))
+    _, changed = load_suite(tmp_path / "changed.toml", "tiny")
+    _, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    assert [finished(r, results, records, "tiny") for r in changed if r.seed == 0] == [True, False]
+    assert [finished(r, results, records, "tiny") for r in runs if r.seed == 0] == [True, True]
+    (results / "tiny" / "g" / "local" / "seed0" / "bench.json").write_text('{"wall-sec')
+    assert finished(runs[0], results, records, "tiny")  # its record was written before
+    assert not finished(runs[1], results, records, "tiny")  # local seed1: no round
+
+
+def test_a_page_keeps_its_tables_until_every_grid_has_records(tmp_path, capsys):
+    (tmp_path / "suites.toml").write_text(SUITE + SUITE.split("[[tiny.grid]]")[1].join(["[[tiny.grid]]", ""]).replace('name = "g"', 'name = "h"'))
+    results = tmp_path / "results"
+    _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:tiny:start -->\nold tables\n<!-- bench:tiny:end -->\n")
+    args = ["--file", str(tmp_path / "suites.toml"), "--records", str(tmp_path / "records"), "--results", str(results), "--page", str(page)]
+    assert main(["tiny", "--report-only", *args]) == 0
+    assert "grids without records: h;" in capsys.readouterr().out and "old tables" in page.read_text()
 
 
 def test_a_suite_without_records_leaves_its_page_as_it_is(tmp_path):
