@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import time
 import tomllib
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pflower.config import ConfigError, load_settings
 from pflower.launcher import simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
+from pflower.results import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records"
@@ -102,14 +102,6 @@ def make_record(metrics: dict[str, Any], wall_seconds: float, clients: int) -> d
         for r in having[:-1]:
             del r[key]
     return {**metrics, "rounds": rounds, "bench": {"wall-seconds": wall_seconds, "clients": clients}}
-
-
-def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write ``doc`` atomically (an interrupted write never leaves a record that reads as finished)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
 
 
 #: Run-config keys that name places on one machine: a record made elsewhere still matches its run.

@@ -13,6 +13,15 @@ from flwr.common.logger import log
 from pflower.plots import draw_run
 
 
+def write_json(path: Path, doc: dict[str, Any], indent: int | None = None) -> Path:
+    """Write ``doc`` to ``path`` atomically: a crash never leaves half a file that reads as whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=indent, separators=None if indent else (",", ":")) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MB"
 
@@ -84,11 +93,7 @@ class Recorder:
         """Write metrics.json atomically (a crash never leaves half a file)."""
         if self.dir is None:
             return None
-        path = self.dir / "metrics.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.document(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return write_json(self.dir / "metrics.json", self.document(), indent=1)
 
     def finish(self) -> None:
         if self.dir is not None:
