@@ -21,7 +21,7 @@ from pflower.config import ConfigError, Settings
 CHECKPOINT = "checkpoint.pt"
 
 #: Keys a resumed run may change; every other key must equal the checkpoint's.
-RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "round-timeout", "data-dir", "state-dir"})
+RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "round-timeout", "data-dir", "state-dir", "single-message"})
 
 
 @dataclass(frozen=True)

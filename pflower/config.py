@@ -114,6 +114,10 @@ class Settings(BaseModel):
     evaluate_every: int = Field(
         1, ge=1, description="evaluate every this many rounds (and always the last); metrics.json's other rows have `evaluated: 0` and no accuracy"
     )
+    single_message: bool = Field(
+        True,
+        description="one message per client per round: a round's evaluation rides on the next round's training message (the client evaluates first), the last round's goes alone; the same metrics as `false`, which sends every evaluation as a phase of its own",
+    )
     local_epochs: int = Field(5, ge=1, description="local epochs per round")
     batch_size: int = Field(32, ge=1, description="minibatch size")
     lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")

@@ -40,13 +40,25 @@ class Recorder:
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
 
-    def add_round(self, row: dict[str, Any]) -> None:
-        """Record a round (adding the run's cumulative bytes so far), log it, rewrite metrics.json."""
+    def add_round(self, row: dict[str, Any], log_it: bool = True) -> None:
+        """Record a round (adding the run's cumulative bytes so far), log it (unless its
+        evaluation is still to come: :meth:`complete_round` logs it then), rewrite metrics.json."""
         before = self.rounds[-1] if self.rounds else {}
         for way in ("down", "up"):
             row[f"cumulative-bytes-{way}"] = before.get(f"cumulative-bytes-{way}", 0) + row[f"bytes-{way}"]
         self.rounds.append(row)
-        total = self.num_rounds
+        if log_it:
+            self._log(row)
+        self.write()
+
+    def complete_round(self, server_round: int, fields: dict[str, Any]) -> None:
+        """Add round ``server_round``'s evaluation (which came back later) to its row; log the row."""
+        row = next(r for r in self.rounds if r["round"] == server_round)
+        row.update(fields)
+        self._log(row)
+        self.write()
+
+    def _log(self, row: dict[str, Any]) -> None:
         rejected = sum(row.get("rejected", {}).values())
         if not row.get("evaluated"):
             quality = "not evaluated this round"
@@ -62,14 +74,13 @@ class Recorder:
             INFO,
             "[round %d/%d] %s | down %s up %s | %.2f s%s",
             row["round"],
-            total,
+            self.num_rounds,
             quality,
             _mb(row["bytes-down"]),
             _mb(row["bytes-up"]),
             row["wall-seconds"],
             f" | rejected {rejected}" if rejected else "",
         )
-        self.write()
 
     def document(self) -> dict[str, Any]:
         evaluated = [r for r in self.rounds if r.get("accuracy") is not None]

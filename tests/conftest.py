@@ -124,7 +124,7 @@ class InProcessGrid(Grid):
                 self.replies[msg.metadata.message_id] = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="offline"), reply_to=msg)
                 continue
             try:
-                reply = self.app(msg, self.contexts[node])
+                reply = self.app(with_metadata(msg), self.contexts[node])  # its own copy, as a node's is: `sent` keeps what was sent
             except Exception as err:  # noqa: BLE001 - Flower turns ClientApp exceptions into error replies
                 reply = Message(Error(code=1, reason=str(err)), reply_to=msg)
             if self.tamper is not None:

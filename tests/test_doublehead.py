@@ -115,15 +115,22 @@ def test_gradual_sharing_sends_and_aggregates_exactly_the_released_layers(grid_f
     sharing = GradualSharing.of(model, client_method(settings).upload_keys(model), 2)
     assert len(sharing.units) == 4  # conv, conv, dense, global head
     train_sent = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
-    eval_sent = [m for m in grid.sent if m.metadata.message_type == MessageType.EVALUATE]
+    eval_alone = [m for m in grid.sent if m.metadata.message_type == MessageType.EVALUATE]
     train_replies = [keys for kind, keys, _ in replies if kind == MessageType.TRAIN]
-    assert len(train_sent) == len(eval_sent) == len(train_replies) == N * rounds
+    assert len(train_sent) == len(train_replies) == N * rounds and len(eval_alone) == N  # the last round's evaluation
     for r in range(1, rounds + 1):
         p, before = (r - 1) // 2 + 1, (r - 2) // 2 + 1  # this round's phase, the last round's
         window = slice(N * (r - 1), N * r)
         assert all(list(m.content["arrays"].keys()) == sharing.keys_of(before) for m in train_sent[window])
         assert all(keys == sharing.keys_of(p) for keys in train_replies[window])
-        assert all(list(m.content["arrays"].keys()) == sharing.keys_of(p) for m in eval_sent[window])
+        # round r's evaluation: on round r+1's training messages, with their arrays (the same units), or alone after the last
+        nxt = train_sent[N * r : N * (r + 1)]
+        evaluated = (
+            [m.content["arrays"] for m in nxt if m.content["evaluate"]["evaluate-with"] == "arrays"]
+            if r < rounds
+            else [m.content["arrays"] for m in eval_alone]
+        )
+        assert len(evaluated) == N and all(list(a.keys()) == sharing.keys_of(p) for a in evaluated)
     assert [row["phase"] for row in doc["rounds"]] == [1, 1, 2, 2, 3, 3]
     # Aggregated: released units moved away from the initialization, the unreleased one did not.
     for k in sharing.keys_of(3):
@@ -144,8 +151,8 @@ def test_measured_bytes_equal_the_schedule_times_the_layer_sizes(grid_factory, t
     sharing = GradualSharing.of(model, communicable_keys(model), 1)
     size = lambda units: _wire_bytes(state, sharing.keys_of(units))  # noqa: E731
     for row in doc["rounds"]:
-        r = row["round"]
-        assert row["bytes-down"] == N * (size(sharing.sent_phase(r)) + size(sharing.phase(r)))
+        r = row["round"]  # a round's evaluation arrays are the next round's training arrays: they ride free, but the last's
+        assert row["bytes-down"] == N * (size(sharing.sent_phase(r)) + (size(sharing.phase(r)) if r == rounds else 0))
         assert row["bytes-up"] == N * size(sharing.phase(r))
     assert doc["rounds"][-1]["cumulative-bytes-down"] == sum(row["bytes-down"] for row in doc["rounds"])
     assert doc["rounds"][-1]["cumulative-bytes-up"] == doc["final"]["bytes-up"]

@@ -81,10 +81,18 @@ def test_local_model_never_leaves_the_client_and_the_pooled_curve_goes_out_with_
     cfg = run_config(method="superfed", superfed__mixing="layer", superfed__start=0.0, num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
     grid = grid_factory(cfg, 3)
-    sent, replies, uploads = [], [], []  # uploads: the replies' arrays as pulled (the strategy frees them)
+    sent, evaluations, uploads = [], [], []  # as pushed and pulled (the strategy frees the arrays, splits the replies)
     push, pull = grid.push_messages, grid.pull_messages
     grid.push_messages = lambda msgs: push([sent.append(m) or m for m in msgs])
-    grid.pull_messages = lambda ids: [replies.append(r) or uploads.append(dict(r.content.array_records)) or r for r in pull(ids)]
+
+    def pulled(ids):
+        for r in (got := pull(ids)):
+            uploads.append(dict(r.content.array_records))
+            records = r.content.metric_records
+            evaluations.extend(dict(records[k]) for k in ("evaluation", "metrics") if k in records and "lambda-val-loss" in records[k])
+        return got
+
+    grid.pull_messages = pulled
     strategy.start(grid=grid)
     keys = {k for arrays in uploads for rec in arrays.values() for k in rec}
     assert keys and all(k.startswith("fed.") for k in keys)
@@ -96,16 +104,16 @@ def test_local_model_never_leaves_the_client_and_the_pooled_curve_goes_out_with_
     assert 0 <= last["ece"] <= 1 and last["top5-accuracy"] >= last["weighted-accuracy"]
     assert (tmp_path / "lambda.png").stat().st_size > 0
     assert len(last["lambda-pooled-val-loss"]) == len(LAMBDA_GRID) and last["oracle-accuracy"] >= last["accuracy"]
-    # the server pools round 1's held-out curves (weighted by held-out size) and sends them with round 2's evaluation
-    evaluations = [m for m in sent if m.metadata.message_type == "evaluate"]
-    first = [m for m in evaluations if m.content["config"]["server-round"] == 1]
-    second = [m for m in evaluations if m.content["config"]["server-round"] == 2]
-    assert first and second and all(POOLED_KEY not in m.content["config"] for m in first)
-    round1 = [r.content["metrics"] for r in replies if "lambda-val-loss" in r.content["metrics"]][:3]
+    # the server pools round 1's held-out curves (weighted by held-out size) and sends them with round 2's evaluation;
+    # round 1's evaluation rode on round 2's training messages, round 2's went alone
+    first = [m.content["evaluate"] for m in sent if "evaluate" in m.content.config_records]
+    second = [m.content["config"] for m in sent if m.metadata.message_type == "evaluate"]
+    assert len(first) == len(second) == 3 and all(c["server-round"] == 1 and POOLED_KEY not in c for c in first)
+    round1 = evaluations[:3]
     n = torch.tensor([float(m["val-examples"]) for m in round1], dtype=torch.float64)
     curves = torch.tensor([list(m["lambda-val-loss"]) for m in round1], dtype=torch.float64)
     pooled = (n @ curves / n.sum()).tolist()
-    assert all(list(m.content["config"][POOLED_KEY]) == pytest.approx(pooled) for m in second)
+    assert all(c["server-round"] == 2 and list(c[POOLED_KEY]) == pytest.approx(pooled) for c in second)
 
 
 def test_lambda_is_chosen_on_own_plus_pooled_held_out_loss():

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from torch import nn
 
+from pflower import single_message
 from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
@@ -42,7 +43,22 @@ def _deterministic(msg: Message, context: Context, call_next) -> Message:
     return call_next(msg, context)
 
 
-app = ClientApp(mods=[_deterministic])
+def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
+    """A message that carries the previous round's evaluation (:mod:`pflower.single_message`):
+    evaluate first, from the personal state as the previous round left it, then handle the
+    message; the reply carries the evaluation's metrics as ``evaluation``."""
+    riding = single_message.detach(msg) if msg.has_content() else None
+    if riding is None:
+        return call_next(msg, context)
+    rt = runtime(context, msg)
+    metrics = rt.evaluation(context, msg, riding.config, riding.arrays)
+    reply = call_next(msg, context)
+    if reply.has_content():
+        reply.content[single_message.EVALUATION] = metrics
+    return reply
+
+
+app = ClientApp(mods=[_deterministic, _evaluate_first])
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,21 @@ class Runtime:
         state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial()
         self.model.load_state_dict(state)
         return self.model
+
+    def evaluation(self, context: Context, msg: Message, config: ConfigRecord, arrays: ArrayRecord) -> MetricRecord:
+        """The metrics of the personalized model (personal state + ``arrays``) in the run's test
+        mode, after the method's fine-tuning epochs on the training split if it has any (never
+        saved); ``config`` is the evaluation's (its round). ``msg`` is the message at hand (a
+        restarted node restores its saved state for that message's round)."""
+        model = self.personal_model(context, msg)
+        trained = PERSONAL in context.state
+        model.load_state_dict(received_state(arrays, model.state_dict()), strict=False)
+        rnd = int(config.get("server-round", 0))
+        if epochs := self.method.finetune_epochs:
+            self.method.start_round(rnd)
+            self.method.finetune(model, self.train, self.seed(rnd, stream=1), epochs)
+        metrics = self.evaluate(self.method.predictor(model, context.state), trained, config)
+        return MetricRecord({**metrics, **self.method.report(context.state), "client-id": self.client_id})
 
     def save(self, context: Context, msg: Message) -> None:
         context.state[PERSONAL] = to_record(self.model.state_dict())
@@ -218,7 +249,8 @@ def query(msg: Message, context: Context) -> Message:
     server relates pFedLA's weights to them)."""
     rt = runtime(context)
     classes = torch.unique(rt.test.y).tolist()
-    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes})
+    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes,
+                          single_message.CAPABLE: 1})  # fmt: skip
     content = RecordDict({"metrics": reply})
     if rt.settings.node_data:  # what the server builds the model from
         data = node_data(context, rt.settings)
@@ -244,18 +276,10 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_(msg: Message, context: Context) -> Message:
-    """Evaluate the personalized model (personal state + received arrays) in the run's test mode,
-    after the method's fine-tuning epochs on the training split if it has any (never saved)."""
+    """Evaluate the personalized model (:meth:`Runtime.evaluation`) with the message's arrays."""
     rt = runtime(context, msg)
-    model = rt.personal_model(context, msg)
-    trained = PERSONAL in context.state
-    model.load_state_dict(_received(msg, model), strict=False)
-    if epochs := rt.method.finetune_epochs:
-        rt.method.start_round(_round(msg))
-        rt.method.finetune(model, rt.train, rt.seed(_round(msg), stream=1), epochs)
-    metrics = rt.evaluate(rt.method.predictor(model, context.state), trained, _config(msg))
-    reply = MetricRecord({**metrics, **rt.method.report(context.state), "client-id": rt.client_id})
-    return Message(RecordDict({"metrics": reply}), reply_to=msg)
+    metrics = rt.evaluation(context, msg, _config(msg), msg.content.array_records.get("arrays", ArrayRecord()))
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 @app.train("relay")

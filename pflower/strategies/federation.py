@@ -7,14 +7,15 @@
   sample count is what its first training reply says.
 - Sampling: a share of the known clients, drawn from (seed, round, purpose) alone.
 - Phases: push messages, pull replies until all came or the timeout passed; the bytes each way,
-  and the clients that did not answer (or whose node Flower reports gone).
+  and the clients that did not answer (or whose node Flower reports gone). Evaluation messages
+  held back with :meth:`Federation.ride` go with the next phase (:mod:`pflower.single_message`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
@@ -23,6 +24,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from pflower import single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
 from pflower.records import payload_bytes
 from pflower.strategies.validation import Rejected, check_reply
@@ -77,6 +79,16 @@ class Phase:
     missing: list[int]
 
 
+@dataclass
+class Ridden:
+    """The evaluation of ``round`` that went with a later phase: its replies (one per client,
+    error replies included) and the clients that did not answer. Its bytes count in that phase."""
+
+    round: int
+    replies: list[Message] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+
+
 class Federation:
     """The clients of a run: identity, sampling, phases (see the module docstring)."""
 
@@ -92,6 +104,9 @@ class Federation:
         self.data: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}  # a node's own data: (shape, class names)
         self.shape: tuple[int, ...] | None = None  # the agreed input shape (agree_on_data)
         self.refused: dict[int, str] = {}  # node id -> why it is not part of the run
+        self.riders: set[int] = set()  # clients that evaluate a riding evaluation first (they said so)
+        self.riding: tuple[int, list[Message]] | None = None  # (round, evaluation messages) for the next phase
+        self.ridden: Ridden | None = None  # what came back of them
 
     @property
     def ids(self) -> list[int]:
@@ -170,6 +185,8 @@ class Federation:
         classes = r.metrics.get("classes")
         if isinstance(classes, list) and all(isinstance(c, int) for c in classes):
             self.classes[r.client_id] = classes
+        if r.metrics.get(single_message.CAPABLE) == 1:
+            self.riders.add(r.client_id)
         if not self.fixed:
             self.num_clients = max(self.num_clients, n_clients)
         return None
@@ -240,14 +257,64 @@ class Federation:
         return [Message(RecordDict({"arrays": get(cid), "config": config, **extras.get(cid, {})}), dst_node_id=self.node_of[cid],
                         message_type=kind) for cid in ids]  # fmt: skip
 
+    def ride(self, server_round: int, evaluation: list[Message]) -> None:
+        """Hold the evaluation messages of ``server_round`` back for the next phase: each one
+        rides on its client's message there if the client evaluates riding evaluations, else it
+        goes alone in that phase. :meth:`take_ridden` has their replies after it."""
+        if self.riding is not None:
+            raise RuntimeError(f"the evaluation of round {self.riding[0]} has not been sent yet")
+        self.riding = (server_round, list(evaluation))
+
+    def take_ridden(self) -> Ridden | None:
+        """The replies of the evaluation that went with the last phase (once), or None."""
+        ridden, self.ridden = self.ridden, None
+        return ridden
+
+    def _attach_riding(self, messages: list[Message]) -> tuple[list[Message], set[int]]:
+        """The phase's messages with the held-back evaluation on them or beside them, and the
+        nodes whose message carries one."""
+        rnd, evaluation = self.riding
+        self.riding = None
+        self.ridden = Ridden(rnd)
+        hosts = {m.metadata.dst_node_id: m for m in messages if m.metadata.message_type != MessageType.EVALUATE}
+        alone, carried = [], set()
+        for ev in evaluation:
+            node = ev.metadata.dst_node_id
+            if node in hosts and self.client_of.get(node) in self.riders:
+                single_message.attach(hosts[node], ev)
+                carried.add(node)
+            else:
+                alone.append(ev)
+        return [*messages, *alone], carried
+
     def phase(self, grid: Grid, messages: list[Message], timeout: float) -> Phase:
-        """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on."""
+        """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on. A
+        held-back evaluation (:meth:`ride`) goes along; its replies go to :meth:`take_ridden`."""
+        riding = self.riding is not None
+        evaluated = {m.metadata.dst_node_id for m in self.riding[1]} if riding else set()
+        if riding:
+            messages, carried = self._attach_riding(messages)
         down = sum(payload_bytes(m.content) for m in messages)
         replies = send_and_receive(grid, messages, timeout)
         replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
         up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
-        answered = {r.metadata.src_node_id for r in replies}
-        missing = sorted(self.client_of[m.metadata.dst_node_id] for m in messages if m.metadata.dst_node_id not in answered)
+        answered = {(r.metadata.src_node_id, r.metadata.message_type) for r in replies}
+        missing = sorted({self.client_of[m.metadata.dst_node_id] for m in messages if (m.metadata.dst_node_id, m.metadata.message_type) not in answered})
+        if riding:
+            own = []
+            for r in replies:
+                node = r.metadata.src_node_id
+                if r.metadata.message_type == MessageType.EVALUATE and node in evaluated:
+                    self.ridden.replies.append(r)
+                    continue
+                if node in carried:
+                    r, ev = single_message.split(r)
+                    if ev is not None:
+                        self.ridden.replies.append(ev)
+                own.append(r)
+            replies = own
+            answered_ev = {r.metadata.src_node_id for r in self.ridden.replies}
+            self.ridden.missing = sorted(self.client_of[n] for n in evaluated if n not in answered_ev)
         return Phase(replies, down, up, missing)
 
     def state_dict(self) -> dict:

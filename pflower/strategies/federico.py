@@ -68,7 +68,7 @@ class FedericoRelay(PflStrategy):
     def aggregate_train(self, server_round, replies):
         raise NotImplementedError("FedeRiCo aggregates nothing: each client steps its own model")
 
-    def round_extras(self, server_round: int) -> dict:
+    def evaluation_extras(self, server_round: int) -> dict:
         """``collaboration-weights``: each client's weights over the clients it tracks."""
         weights = {
             str(c): {str(int(j)): float(w) for j, w in zip(m["weight-ids"], m["weights"])} for c, m in sorted(self.eval_metrics.items()) if "weight-ids" in m

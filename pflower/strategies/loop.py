@@ -11,9 +11,12 @@ first round and after each one. A run:
    the server state from the initial arrays; a checkpoint (``resume-from``) is loaded;
 2. every round: :meth:`run_round` (the subclass's round), then evaluation every
    ``evaluate_every`` rounds by ``fraction_evaluate`` of the clients (every client in the last
-   round), through the reply gate;
-3. a metrics row per round (progress line, metrics.json) and a checkpoint, when the strategy
-   has a ``results_dir``.
+   round), through the reply gate. With ``single_message`` (the default) a round's evaluation
+   rides on the next round's first phase (:mod:`pflower.single_message`) and only the last
+   round's is a phase of its own: one message per client per round, the same metrics;
+3. a metrics row per round (metrics.json) and a checkpoint, when the strategy has a
+   ``results_dir``. A row whose evaluation rides on the next round is written at once and
+   completed (and logged) when that evaluation is back.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ from pflower.checkpoint import Checkpoint, save_checkpoint
 from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import Recorder
-from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
+from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase, Ridden
 from pflower.strategies.gate import ReplyGate
 from pflower.strategies.validation import ArraySpec, Reply
+
+#: The aggregated evaluation metrics a metrics.json row carries (None where a round is not evaluated).
+EVALUATION_METRICS = ("accuracy", "weighted-accuracy", "loss", "top5-accuracy", "ece", "mce")
 
 
 class RoundFailedError(RuntimeError):
@@ -72,6 +78,7 @@ class PflStrategy(Strategy):
         *,
         fraction_evaluate: float = 1.0,
         evaluate_every: int = 1,
+        single_message: bool = True,
         min_replies: int = 1,
         round_timeout: float = 600.0,
         max_update_norm: float = 0.0,
@@ -86,6 +93,7 @@ class PflStrategy(Strategy):
             raise ValueError(f"evaluate_every={evaluate_every} must be >= 1")
         self.fraction_evaluate = fraction_evaluate
         self.evaluate_every = evaluate_every
+        self.single_message = single_message
         self.min_replies = min_replies
         self.round_timeout = round_timeout
         self.seed = seed
@@ -104,7 +112,7 @@ class PflStrategy(Strategy):
     def common_kwargs(settings: Settings) -> dict[str, Any]:
         """The keyword arguments every strategy takes, from a pflower run config."""
         s = settings
-        return dict(fraction_evaluate=s.fraction_evaluate, evaluate_every=s.evaluate_every, min_replies=s.min_replies,
+        return dict(fraction_evaluate=s.fraction_evaluate, evaluate_every=s.evaluate_every, single_message=s.single_message, min_replies=s.min_replies,
                     round_timeout=s.round_timeout, max_update_norm=s.max_update_norm, max_examples_factor=s.max_examples_factor,
                     seed=s.seed, results_dir=s.results_dir, run_config=s.to_run_config())  # fmt: skip
 
@@ -137,12 +145,18 @@ class PflStrategy(Strategy):
         return ArrayRecord()
 
     def round_extras(self, server_round: int) -> dict:
-        """Method-specific entries for round ``server_round``'s row of metrics.json."""
+        """Method-specific entries for round ``server_round``'s row of metrics.json, from the
+        server state at the end of the round."""
+        return {}
+
+    def evaluation_extras(self, server_round: int) -> dict:
+        """Method-specific entries from round ``server_round``'s evaluation replies (``eval_metrics``)."""
         return {}
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs (tensors, numbers, strings; loadable with weights_only)."""
-        return {**self.federation.state_dict(), **self.gate.state_dict()}
+        pending = self.federation.riding[0] if self.federation.riding else 0
+        return {**self.federation.state_dict(), **self.gate.state_dict(), "pending-evaluation": pending}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` after discovery found the clients again and :meth:`prepare` ran."""
@@ -150,8 +164,9 @@ class PflStrategy(Strategy):
         self.gate.load_state_dict(state)
 
     def summary(self) -> None:
-        log(INFO, "%s: %d rounds, evaluation by %.0f%% of the clients every %d round(s)",
-            type(self).__name__, self.num_rounds, 100 * self.fraction_evaluate, self.evaluate_every)  # fmt: skip
+        log(INFO, "%s: %d rounds, evaluation by %.0f%% of the clients every %d round(s)%s",
+            type(self).__name__, self.num_rounds, 100 * self.fraction_evaluate, self.evaluate_every,
+            ", riding on the next round's messages" if self.single_message else "")  # fmt: skip
 
     # ---------------------------------------------------------- evaluation
     def evaluates(self, server_round: int) -> bool:
@@ -184,16 +199,24 @@ class PflStrategy(Strategy):
         return MetricRecord(out)
 
     def evaluate_phase(self, grid: Grid, rnd: int, config: dict, result: Result) -> Phase:
-        """The round's evaluation (if it evaluates); the aggregate goes to ``result``."""
+        """The round's evaluation (if it evaluates); the aggregate goes to ``result``. With
+        ``single_message`` every round's but the last rides on the next round's first phase."""
         if not self.evaluates(rnd):
             return Phase([], 0, 0, [])
         self.federation.query_new_nodes(grid, self.round_timeout)  # e.g. a client that died in training and is back
         msgs = self.configure_evaluate(rnd, self.global_arrays(), ConfigRecord(config), grid)
+        if self.single_message and rnd < self.num_rounds:
+            self.federation.ride(rnd, msgs)
+            return Phase([], 0, 0, [])
         phase = self.federation.phase(grid, msgs, self.round_timeout)
-        ev = self.aggregate_evaluate(rnd, phase.replies)
+        self.evaluated(rnd, phase.replies, result)
+        return phase
+
+    def evaluated(self, rnd: int, replies: list[Message], result: Result) -> None:
+        """Aggregate round ``rnd``'s evaluation replies into ``result``."""
+        ev = self.aggregate_evaluate(rnd, replies)
         if ev is not None:
             result.evaluate_metrics_clientapp[rnd] = ev
-        return phase
 
     # ------------------------------------------------------------ the loop
     def connect(self, grid: Grid, initial_arrays: ArrayRecord | None = None, timeout: float | None = None) -> ArrayRecord:
@@ -247,6 +270,9 @@ class PflStrategy(Strategy):
             self.load_state_dict(checkpoint.strategy)
             first = checkpoint.round + 1
             log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
+            if pending := checkpoint.strategy.get("pending-evaluation", 0):  # it rides on the first resumed round
+                config = {**dict(evaluate_config or {}), "server-round": pending, "lineage": lineage}
+                self.federation.ride(pending, self.configure_evaluate(pending, self.global_arrays(), ConfigRecord(config), grid))
         elif evaluate_fn is not None and (res := evaluate_fn(0, self.global_arrays())) is not None:
             result.evaluate_metrics_serverapp[0] = res
             recorder.extra["initial-server-evaluation"] = dict(res)
@@ -262,33 +288,48 @@ class PflStrategy(Strategy):
             self.gate.new_round()
             config = {"server-round": rnd, "lineage": lineage}
             row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
+            if (ridden := self.federation.take_ridden()) is not None:
+                self._ridden(ridden, result, recorder)
             ev_phase = self.evaluate_phase(grid, rnd, {**dict(evaluate_config or {}), **config}, result)
             row.update({"bytes-down": row["bytes-down"] + ev_phase.down, "bytes-up": row["bytes-up"] + ev_phase.up,
                         "missing": sorted(set(row["missing"]) | set(ev_phase.missing))})  # fmt: skip
             if evaluate_fn is not None and (res := evaluate_fn(rnd, self.global_arrays())) is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
                 row["server-evaluation"] = dict(res)
-            recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0))
+            riding = self.federation.riding is not None
+            recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0), log_it=not riding)
             if recorder.dir is not None:
                 save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, self.run_config, self.state_dict(), recorder.rounds))
         recorder.finish()
         return result
 
-    def _row(self, rnd: int, row: dict, result: Result, seconds: float) -> dict:
-        evaluated = rnd in result.evaluate_metrics_clientapp
-        ev = result.evaluate_metrics_clientapp.get(rnd) or {}
-        metrics = {k: ev.get(k) for k in ("accuracy", "weighted-accuracy", "loss", "top5-accuracy", "ece", "mce")}
+    def _ridden(self, ridden: Ridden, result: Result, recorder: Recorder) -> None:
+        """Round ``ridden.round``'s evaluation came back with this round's replies: aggregate it
+        and complete that round's row."""
+        self.evaluated(ridden.round, ridden.replies, result)
+        fields = self._evaluation(ridden.round, result)
+        row = next(r for r in recorder.rounds if r["round"] == ridden.round)
+        if ridden.missing:
+            fields["missing"] = sorted(set(row["missing"]) | set(ridden.missing))
+        recorder.complete_round(ridden.round, fields)
+
+    def _evaluation(self, rnd: int, result: Result) -> dict:
+        """Round ``rnd``'s evaluation entries of its metrics.json row (none before it is back)."""
+        if rnd not in result.evaluate_metrics_clientapp:
+            return {k: None for k in EVALUATION_METRICS} | {"evaluated": 0}
+        ev = result.evaluate_metrics_clientapp[rnd]
         return {
-            "round": rnd,
-            **metrics,
-            **row,
-            "wall-seconds": seconds,
-            "rejected": dict(self.gate.rejected),
-            **({"evaluated": len(self.eval_metrics)} if evaluated else {"evaluated": 0}),
-            **({"per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items()) if "accuracy" in m}} if evaluated else {}),
+            **{k: ev.get(k) for k in EVALUATION_METRICS},
+            "evaluated": len(self.eval_metrics),
+            "per-client-accuracy": {str(c): float(m["accuracy"]) for c, m in sorted(self.eval_metrics.items()) if "accuracy" in m},
             **({"global-accuracy": ev["global-accuracy"]} if "global-accuracy" in ev else {}),
-            **self.round_extras(rnd),
+            **self.evaluation_extras(rnd),
         }
+
+    def _row(self, rnd: int, row: dict, result: Result, seconds: float) -> dict:
+        evaluation = self._evaluation(rnd, result)
+        metrics = {k: evaluation.pop(k) for k in EVALUATION_METRICS}
+        return {"round": rnd, **metrics, **row, "wall-seconds": seconds, "rejected": dict(self.gate.rejected), **evaluation, **self.round_extras(rnd)}
 
 
 class TrainRounds(PflStrategy):

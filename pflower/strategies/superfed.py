@@ -41,7 +41,7 @@ class SuperFed(FedAvg):
         super().load_state_dict(state)
         self.pooled_val_loss = list(state.get("pooled-val-loss", []))
 
-    def round_extras(self, server_round: int) -> dict:
+    def evaluation_extras(self, server_round: int) -> dict:
         """``lambda-curve``: mean test accuracy over clients at each lambda; ``lambda-chosen``:
         each client's lambda; ``lambda-pooled-val-loss``: the federation's held-out curve;
         ``oracle-accuracy``: mean accuracy at each client's best lambda on its test split (the
