@@ -7,6 +7,11 @@ rounds. Prints the steady-state seconds per round of both (median of rounds 2-20
 pflower's start-up (command start to round 1, in its phases) and the peak memory of all its
 processes (proportional set size, so shared libraries count once).
 
+pflower runs twice by default, alternating: with one message per client per round
+(``single-message=true``, the default: each evaluation rides on the next round's training
+message) and with training and evaluation as two phases a round (``single-message=false``);
+``--repeats`` alternates more pairs, ``--single-message true`` runs one of them.
+
 ``--clients 100 --fraction 0.1`` (or 1000) measures the scale runs: the shared MNIST set spread
 over more clients, 10% of them training each round, every client evaluating.
 
@@ -124,18 +129,34 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--fraction", type=float, default=1.0, help="fraction-train: share of clients training per round")
     p.add_argument("--no-plain", action="store_true", help="skip the plain loop (scale runs)")
+    p.add_argument("--single-message", choices=["both", "true", "false"], default="both",
+                   help="pflower's schedule: one message per client per round, two phases a round, or both alternating")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1, help="pflower runs of each schedule, alternating")
     args = p.parse_args()
     steady = lambda t: statistics.median(t[1:])  # noqa: E731
+    schedules = {"both": (True, False), "true": (True,), "false": (False,)}[args.single_message]
+    runs: dict[bool, list[dict]] = {flag: [] for flag in schedules}
     with tempfile.TemporaryDirectory() as tmp:
         config = run_config(args.data_dir.resolve(), args.rounds, args.fraction, Path(tmp))
-        ours = pflower_run(config, args.clients, Path(tmp))
+        for _ in range(args.repeats):
+            for flag in schedules:
+                runs[flag].append(pflower_run({**config, "single-message": flag}, args.clients, Path(tmp)))
         plain = {} if args.no_plain else {t: plain_loop(load_settings(config), args.clients, args.rounds, t) for t in (1, 2)}
+    ours = runs[schedules[0]][-1]
     print(f"clients {args.clients}, fraction-train {args.fraction:g}, {args.rounds} rounds")
     for threads, times in plain.items():
         print(f"plain single-process loop ({threads} thread{'s' * (threads > 1)}): {steady(times):.3f} s/round")
-    print(f"pflower simulation ({os.cpu_count()} workers):      {steady(ours['rounds']):.3f} s/round")
-    for threads, times in plain.items():
-        print(f"ratio pflower / plain ({threads} thread{'s' * (threads > 1)}):    {steady(ours['rounds']) / steady(times):.2f}")
+    for flag, done in runs.items():
+        name = "one message a round" if flag else "two phases a round "
+        per_run = [steady(r["rounds"]) for r in done]
+        totals = [sum(r["rounds"]) for r in done]
+        print(f"pflower simulation ({os.cpu_count()} workers), {name}: {statistics.median(per_run):.3f} s/round "
+              f"(runs {', '.join(f'{x:.3f}' for x in per_run)}; all rounds {statistics.median(totals):.1f} s)")  # fmt: skip
+        for threads, times in plain.items():
+            print(f"  ratio to plain ({threads} thread{'s' * (threads > 1)}): {statistics.median(per_run) / steady(times):.2f}")
+    if len(runs) == 2:
+        pairs = [steady(a["rounds"]) / steady(b["rounds"]) for a, b in zip(runs[True], runs[False])]
+        print(f"one message / two phases, s/round, per pair: {', '.join(f'{x:.3f}' for x in pairs)}")
     print(f"pflower start-up before round 1:   {ours['startup']:.1f} s "
           f"(SuperLink + submission {ours['submit']:.1f} s, simulation process + ServerApp {ours['serverapp']:.1f} s, "
           f"Ray + ClientApps + identity query {ours['clients']:.1f} s)")  # fmt: skip

@@ -24,14 +24,28 @@ IN_PROCESS_ONLY = {"fedavg-ft", "fedprox", "fedper", "fedrep", "fedbn", "pfedla"
 METHOD_CONFIGS = {name: run_config_string(dict(m.example)) for name, m in declarations().items() if name not in IN_PROCESS_ONLY}
 
 
+def _two_phase_in_process(tmp_path, method: str) -> list[dict]:
+    """The method's run in process with every evaluation a phase of its own (single-message=false)."""
+    from conftest import in_process_rounds, run_config
+
+    cfg = {**run_config(), **declarations()[method].example, "method": method, "num-server-rounds": 3, "local-epochs": 1, "single-message": False}
+    return in_process_rounds(cfg, tmp_path / "two-phase")
+
+
 @SIMULATION
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
 def test_every_method_runs_on_flower(superlink, tmp_path, method):
+    """3 rounds on Flower, one message per client per round: the metrics of the same run in
+    process with two phases a round (Flower's engine and the schedule change nothing)."""
     results = tmp_path / method
     config = f"method='{method}' num-server-rounds=3 local-epochs=1 results-dir='{results}' {METHOD_CONFIGS[method]}"
     run_id, status, log = _run(superlink, config)
     assert status == "finished:completed", log
     doc = json.loads((results / "metrics.json").read_text())
+    assert doc["config"]["single-message"] is True
+    for a, b in zip(doc["rounds"], _two_phase_in_process(tmp_path, method), strict=True):
+        assert a["per-client-accuracy"] == b["per-client-accuracy"]
+        assert (a["loss"], a["train-loss"]) == pytest.approx((b["loss"], b["train-loss"]), rel=1e-9)
     assert doc["config"]["method"] == method and doc["num-clients"] == 3
     rounds = doc["rounds"]
     assert [r["round"] for r in rounds] == [1, 2, 3]
@@ -66,7 +80,9 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
     _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1)  # two Ray workers
     assert status == "finished:completed", log
-    cfg = run_config(num_server_rounds=2, fraction_train=0.67, results_dir=str(local_dir))
+    # in process with two phases a round; on Flower round 1's evaluation went with round 2's
+    # training messages, and alone to the client not sampled for training in round 2
+    cfg = run_config(num_server_rounds=2, fraction_train=0.67, results_dir=str(local_dir), single_message=False)
     build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
     ray_rounds = json.loads((ray_dir / "metrics.json").read_text())["rounds"]
     local_rounds = json.loads((local_dir / "metrics.json").read_text())["rounds"]
