@@ -37,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pflower.bench import run_config_string  # noqa: E402
 from pflower.build import build_model  # noqa: E402
 from pflower.config import load_settings  # noqa: E402
 from pflower.datasets import client_data  # noqa: E402
@@ -90,7 +91,7 @@ def _pss_bytes(pids: list[int]) -> int:
 
 def pflower_run(config: dict, clients: int, results: Path) -> dict:
     """pflower-sim end to end: per-round seconds, start-up phases, peak memory of its processes."""
-    cfg = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in config.items())
+    cfg = run_config_string(config)
     cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(ROOT)]
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
