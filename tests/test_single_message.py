@@ -160,3 +160,21 @@ def test_same_arrays_compares_keys_dtypes_shapes_and_bytes():
     assert not single_message.same_arrays(_arrays(1.0), _arrays(1.5))
     assert not single_message.same_arrays(_arrays(1.0), ArrayRecord({"v": Array(np.full((2, 3), 1.0, dtype=np.float32))}))
     assert not single_message.same_arrays(_arrays(1.0), ArrayRecord({"w": Array(np.full((3, 2), 1.0, dtype=np.float32))}))
+
+
+def test_a_round_that_sends_nothing_still_gets_the_evaluation_back(grid_factory, tmp_path, monkeypatch):
+    """A strategy whose round sends no message (here: Local's round skipped) leaves nothing to
+    ride on: the held-back evaluation goes alone and the metrics are still complete."""
+    from pflower.strategies.local import Local
+
+    real = Local.run_round
+
+    def quiet_round_2(self, grid, rnd, *args):
+        if rnd == 2:
+            return {"train-loss": None, "bytes-down": 0, "bytes-up": 0, "sampled": 0, "missing": []}
+        return real(self, grid, rnd, *args)
+
+    monkeypatch.setattr(Local, "run_round", quiet_round_2)
+    doc, grid = _run(grid_factory, tmp_path, run_config(method="local", num_server_rounds=3, local_epochs=1))
+    assert [r["evaluated"] for r in doc["rounds"]] == [3, 3, 3]
+    assert [m.content["config"]["server-round"] for m in grid.sent if m.metadata.message_type == MessageType.EVALUATE] == [1, 1, 1, 3, 3, 3]

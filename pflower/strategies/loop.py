@@ -288,6 +288,9 @@ class PflStrategy(Strategy):
             self.gate.new_round()
             config = {"server-round": rnd, "lineage": lineage}
             row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
+            if self.federation.riding is not None:  # the round sent no phase to ride on: the evaluation goes alone
+                alone = self.federation.phase(grid, [], self.round_timeout)
+                row.update({"bytes-down": row["bytes-down"] + alone.down, "bytes-up": row["bytes-up"] + alone.up})
             if (ridden := self.federation.take_ridden()) is not None:
                 self._ridden(ridden, result, recorder)
             ev_phase = self.evaluate_phase(grid, rnd, {**dict(evaluate_config or {}), **config}, result)
