@@ -281,6 +281,10 @@ class PflStrategy(Strategy):
                                "timeline": timeline, "evaluation": self.evaluation})  # fmt: skip
         if self.federation.classes:
             recorder.extra["client-classes"] = {str(c): v for c, v in sorted(self.federation.classes.items())}
+        if self.federation.label_counts:
+            recorder.extra["client-label-counts"] = {str(c): v for c, v in sorted(self.federation.label_counts.items())}
+        if self.federation.domains:
+            recorder.extra["client-domains"] = {str(c): v for c, v in sorted(self.federation.domains.items())}
         for rnd in range(first, self.num_rounds + 1):
             t0 = time.perf_counter()
             if rnd > first:  # a SuperNode that restarted comes back under a new node id
