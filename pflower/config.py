@@ -185,6 +185,14 @@ class Settings(BaseModel):
         ge=0,
         description="gradual sharing: rounds per released layer, shallow to deep (0: off); for the methods whose declaration allows it",
     )
+    tensorboard: bool = Field(
+        False, description="write TensorBoard event files into `<results-dir>/tensorboard` (the ServerApp; needs the `tensorboard` extra)"
+    )
+    mlflow: bool = Field(False, description="log the run to MLflow (the ServerApp; needs the `mlflow` extra): parameters, per-round metrics, figures")
+    mlflow_tracking_uri: str = Field(
+        "", description="`mlflow`: where the runs go; empty: a local SQLite store, `sqlite:///<results-dir>/mlflow.db` (no server)"
+    )
+    mlflow_experiment: str = Field("pflower", min_length=1, description="`mlflow`: the experiment the run is logged under")
     #: The method's own keys (``<method>.<key>``), an instance of its declaration's ``params``.
     params: SerializeAsAny[MethodParams] = MethodParams()
 
@@ -406,6 +414,8 @@ SCOPED_KEYS = (
     ("shards-per-client", "shards_per_client", lambda s: s.partition == "shards", "partition 'shards'"),
     ("client-sizes", "client_sizes", lambda s: s.partition == "sizes", "partition 'sizes'"),
     ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
+    ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),
+    ("mlflow-experiment", "mlflow_experiment", lambda s: s.mlflow, "mlflow=true"),
 )
 
 
@@ -430,8 +440,13 @@ def _scope_problems(s: Settings) -> list[tuple[str, Any, str]]:
     return problems
 
 
-def check_results_dir(s: Settings) -> None:
-    """ConfigError unless ``results-dir`` can be created and written (where the ServerApp runs)."""
+def check_server(s: Settings) -> None:
+    """ConfigError unless the ServerApp can run here: ``results-dir`` can be created and written,
+    and the trackers turned on are installed (clients need neither)."""
+    from pflower.tracking import missing_extras
+
+    if problems := missing_extras(s.to_run_config()):
+        raise ConfigError(problems)
     path = s.results_path
     try:
         path.mkdir(parents=True, exist_ok=True)
