@@ -64,12 +64,23 @@ def test_node_data_has_no_feature_shift():
         load_settings(run_config(dataset="node", feature_shift="noise"))
 
 
-def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path):
+def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path, capsys, monkeypatch):
+    """FedBN on feature shift in process; bench/fedbn_shift.py rebuilds each client's final
+    model from the run's results-dir (its own normalization layers: the accuracy it reported)."""
+    from conftest import ROOT
+
     cfg = run_config(method="fedbn", model="cnn-bn", partition="iid", feature_shift="mixed", num_server_rounds=2, local_epochs=1)
-    in_process_rounds(cfg, tmp_path)
-    doc = json.loads((tmp_path / "metrics.json").read_text())
+    run = tmp_path / "fedbn-shift" / "feature-shift" / "fedbn" / "seed0"  # as pflower-bench lays out its results
+    in_process_rounds(cfg, run)
+    doc = json.loads((run / "metrics.json").read_text())
     s = load_settings(cfg)
     assert doc["client-domains"] == {str(c): domain_of("mixed", 0, c, 3).name(1) for c in range(3)}
     assert doc["client-label-counts"] == {str(c): label_counts(s, c, 3) for c in range(3)}
     assert np.sum(list(doc["client-label-counts"].values())) == 1797  # the whole pool
-    assert (tmp_path / "partition.png").stat().st_size > 5000
+    assert (run / "partition.png").stat().st_size > 5000
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from fedbn_shift import own_and_averaged, report
+
+    own, averaged, _ = own_and_averaged(s, 3, run)
+    assert own == pytest.approx([doc["final"]["per-client-accuracy"][str(c)] for c in range(3)])
+    assert report(tmp_path, "fedbn-shift", "fedbn") == 1 and "| 0 | " + doc["client-domains"]["0"] in capsys.readouterr().out
