@@ -180,10 +180,17 @@ def _source(tmp_path, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", [*sorted(WRITERS), "hf-disk", "hf-parquet"])
-def test_a_run_on_each_source(tmp_path, name):
-    """Two rounds of FedAvg, 3 clients in process, on each new source: the server builds the model
-    from the keys alone (torchvision) or the set's first image (Hugging Face)."""
+def test_a_run_on_each_source(tmp_path, monkeypatch, name):
+    """Two rounds of FedAvg, 3 clients in process, on each new source, with every socket
+    connection refused: the server builds the model from the keys alone (torchvision) or the
+    set's first image (Hugging Face)."""
     cfg = {**run_config(method="fedavg", num_server_rounds=2, local_epochs=1), **_source(tmp_path, name)}
+
+    def no_network(*args, **kwargs):
+        raise OSError("network is unreachable (test)")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
     rows = in_process_rounds(cfg, tmp_path / "run")
     doc = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [1, 2] and all(0 <= r["accuracy"] <= 1 for r in rows)

@@ -113,3 +113,10 @@ def test_every_client_gets_a_stratified_train_test_split(partition, extra):
         assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
     for tr, te in zip(fi.train, fi.test, strict=True):
         assert len(te) / (len(tr) + len(te)) == pytest.approx(0.3, abs=0.08)
+
+
+def test_a_client_of_single_samples_still_gets_a_test_split():
+    """A sparse writer (one sample of each class) has no class to stratify by: a random 30 % is held out."""
+    labels = np.arange(10)
+    train, test = P.train_test_split(np.arange(10), labels, 0.3, seed=0)
+    assert len(test) == 3 and len(train) == 7 and len(np.intersect1d(train, test)) == 0
