@@ -8,8 +8,8 @@ is complete (a row whose evaluation rides on the next round's messages when that
 back), and the run's figures at the end. Each round is one step (its round number): the numbers
 of :data:`SCALARS` under their metrics.json names, the clients' accuracies (TensorBoard: a
 histogram; MLflow: ``per-client-accuracy/<client>``), pFedLA's weights and SuPerFed's λ curve
-as images (TensorBoard). A resumed run goes on in the same event folder and the same MLflow run
-(found by its lineage).
+as images (TensorBoard). A resumed run logs its own rounds: into its results-dir's event folder,
+and into its lineage's MLflow run when that run is in the same store.
 """
 
 from __future__ import annotations
