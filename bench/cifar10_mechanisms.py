@@ -32,15 +32,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fedbn_shift import own_and_averaged  # bench/, beside this script
 
 from pflower.build import build_model
 from pflower.client_app.store import _records
 from pflower.config import load_settings
 from pflower.datasets import client_data, federated_indices, global_test
-from pflower.models.layers import layers, norm_keys
+from pflower.models.layers import layers
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared
 from pflower.records import from_record
-from pflower.training import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,22 +170,8 @@ def fedbn(records: Path) -> None:
             if (run := _run_dir(directory, seed)) is None:
                 print(f"  {directory.relative_to(RECORDS)}/seed{seed}: its final models are not here (results-dir); skipped")
                 continue
-            settings, n = _settings(doc), doc["num-clients"]
-            model = build_model(settings, (3, 32, 32), 10, settings.seed)
-            shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
-            shared = shared if isinstance(shared, dict) else from_record(shared)
-            personal = [from_record(_records(torch.load(sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"))[-1], weights_only=False))["personal"]) for c in range(n)]  # fmt: skip
-            local = norm_keys(model)
-            averaged = {k: torch.stack([p[k].double() for p in personal]).mean(0).to(personal[0][k].dtype) for k in local}
-            stats = [k for k in local if k.endswith("running_mean")]
-            spread.append(
-                np.mean([float(torch.stack([p[k] for p in personal]).std(0).norm() / torch.stack([p[k] for p in personal]).mean(0).norm()) for k in stats])
-            )
-            for c in range(n):
-                test = client_data(settings, c, n)[1]
-                for bn, out in ((personal[c], own), (averaged, mean)):
-                    model.load_state_dict({**personal[c], **{k: v for k, v in shared.items() if k not in local}, **{k: bn[k] for k in local}})
-                    out.append(evaluate(model, test).accuracy)
+            o, m, s = own_and_averaged(_settings(doc), doc["num-clients"], run)
+            own, mean, spread = own + o, mean + m, spread + [s]
         if own:
             print(f"\n## FedBN, {grid}: with its own normalization layers {np.mean(own):.4f}, with all clients' mean {np.mean(mean):.4f} "
                   f"(mean over clients and seeds); clients' running means differ by {np.mean(spread):.1%} of their norm (std over clients)")  # fmt: skip

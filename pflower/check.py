@@ -3,9 +3,10 @@
 The app's ``[tool.flwr.app.config]`` defaults with the ``-c`` overrides, parsed as ``flwr run``
 parses them, go through :func:`pflower.config.load_settings`: an unknown key is named with the
 closest known one, a bad value with its rule, a key of another method with both methods; and
-``results-dir`` must be writable here (in simulation, where the ServerApp runs). It
-imports neither torch nor Ray, so it answers in about a second; ``pflower-sim`` runs it before
-it starts a SuperLink. For ``flwr run`` users: ``pflower-check -c "..." && flwr run . ...``.
+``results-dir`` must be writable here and the trackers turned on installed (in simulation,
+where the ServerApp runs). It imports neither torch nor Ray, so it answers in about a second
+(a Hugging Face data set's columns are checked by opening it: ``datasets`` takes 3 s to
+import); ``pflower-sim`` runs it before it starts a SuperLink. For ``flwr run`` users: ``pflower-check -c "..." && flwr run . ...``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ def is_pflower_app(app: Path) -> bool:
 
 def check(app: Path, overrides: str = "") -> str | None:
     """Why the run config of ``app`` with ``overrides`` would be refused, or None."""
-    from pflower.config import ConfigError, check_results_dir, load_settings
+    from pflower.config import ConfigError, check_server, load_settings
 
     try:
-        check_results_dir(load_settings(app_run_config(app, overrides)))
+        check_server(load_settings(app_run_config(app, overrides)))
     except ConfigError as err:
         return str(err)
     except Exception as err:  # noqa: BLE001 - an unparsable -c string: Flower's own message

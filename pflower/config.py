@@ -13,14 +13,20 @@ from __future__ import annotations
 import difflib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from pflower.methods import MethodParams, declarations
 
-Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder", "node"]
-Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups"]
+if TYPE_CHECKING:  # the data modules import torch, which the configuration does not need
+    from pflower.datasets.sources import Source
+
+Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder", "torchvision", "huggingface", "node"]
+Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups", "shards", "linear", "exponential", "sizes", "natural-id"]
+TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "SVHN", "CIFAR10", "CIFAR100", "USPS"]
+EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
+FeatureShift = Literal["none", "rotation", "contrast", "noise", "blur", "colour", "mixed"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2"]
 #: The smallest image side a model takes (its valid convolutions and pools leave nothing below).
 MODEL_MIN_SIZE = {"lenet": 16, "lenet-bn": 16, "twocnn": 4, "cnn2": 8}
@@ -61,9 +67,18 @@ class Settings(BaseModel):
     method: str = Field("pfedla", description="the method to run, one of the declared methods; its own keys are `<method>.<key>`")
     dataset: Dataset = Field(
         "digits",
-        description="`digits` (scikit-learn's embedded 8×8 digits, no files), `mnist`, `fashion-mnist`, `emnist` (balanced split), `cifar10`, `cifar100`, `imagefolder` (any image tree), or `node` (every SuperNode brings its own data, named in its node config)",
+        description="`digits` (scikit-learn's embedded 8×8 digits, no files), `mnist`, `fashion-mnist`, `emnist` (balanced split), `cifar10`, `cifar100`, `imagefolder` (any image tree), `torchvision` (a torchvision data set in its own file layout under `data-dir`, named by `torchvision-name`), `huggingface` (a Hugging Face data set saved on disk: `save_to_disk` folder or parquet files), or `node` (every SuperNode brings its own data, named in its node config); nothing is ever downloaded but with `download` for CIFAR",
     )
-    data_dir: str = Field("", description="folder with the data files; required for every dataset but `digits` and `node`")
+    data_dir: str = Field(
+        "",
+        description="folder with the data files (for `torchvision` the root torchvision was given; for `huggingface` also a `.parquet` file); required for every dataset but `digits` and `node`",
+    )
+    torchvision_name: TorchvisionName = Field(
+        "MNIST", description="`torchvision`: which data set, by its torchvision class name; its files are read from `data-dir` in torchvision's layout"
+    )
+    emnist_split: EmnistSplit = Field("balanced", description="`torchvision` with `torchvision-name='EMNIST'`: torchvision's EMNIST split")
+    hf_image_column: str = Field("image", description="`huggingface`: the column holding the images (`datasets.Image` or arrays)")
+    hf_label_column: str = Field("label", description="`huggingface`: the column holding the labels (a `ClassLabel` or plain values)")
     download: bool = Field(False, description="let torchvision download CIFAR into `data-dir`")
     image_size: int = Field(0, ge=0, description="image folders only: resize every image to this square (0: the files' own size, which must then be one size)")
     model: ModelName = Field(
@@ -72,7 +87,7 @@ class Settings(BaseModel):
     )
     partition: Partition = Field(
         "pathological",
-        description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one)",
+        description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one); flwr-datasets' `shards` (the FedAvg paper's: label-sorted shards, `shards-per-client` each), `linear` and `exponential` (quantity skew: client i gets a share ∝ i + 1 or e^(i + 1)), `sizes` (`client-sizes` samples each), `natural-id` (one value of `natural-id-column` per client, or several)",
     )
     classes_per_client: int = Field(4, ge=1, description="`pathological`: classes per client")
     dirichlet_alpha: float = Field(0.5, gt=0, description="`dirichlet`: concentration (smaller: more skewed)")
@@ -82,6 +97,13 @@ class Settings(BaseModel):
     group_assignment: Literal["balanced", "random"] = Field(
         "balanced",
         description="`label-groups`: `balanced` puts clients in the groups round-robin over a random order; `random` draws each client's group uniformly (FedeRiCo's protocol: a group may get one client or none, and an empty group's classes are unused)",
+    )
+    shards_per_client: int = Field(2, ge=1, description="`shards`: shards per client (the FedAvg paper: 2 of 300 images)")
+    client_sizes: str = Field("", description="`sizes`: each client's number of samples, comma-separated, one per client (e.g. `'100,200,700'`)")
+    natural_id_column: str = Field("", description="`natural-id` (`huggingface` only): the column whose values (writer, user, domain) define the clients")
+    feature_shift: FeatureShift = Field(
+        "none",
+        description="feature shift: each client's data (train and test) transformed once by its own domain, a seeded transformation: `rotation`, `contrast`, `noise`, `blur`, `colour` (one kind, its strength spread over the clients), `mixed` (the five kinds, one per client in turn, each at full strength); `none` changes nothing",
     )
     samples_per_client: int = Field(
         0,
@@ -163,6 +185,14 @@ class Settings(BaseModel):
         ge=0,
         description="gradual sharing: rounds per released layer, shallow to deep (0: off); for the methods whose declaration allows it",
     )
+    tensorboard: bool = Field(
+        False, description="write TensorBoard event files into `<results-dir>/tensorboard` (the ServerApp; needs the `tensorboard` extra)"
+    )
+    mlflow: bool = Field(False, description="log the run to MLflow (the ServerApp; needs the `mlflow` extra): parameters, per-round metrics, figures")
+    mlflow_tracking_uri: str = Field(
+        "", description="`mlflow`: where the runs go; empty: a local SQLite store, `sqlite:///<results-dir>/mlflow.db` (no server)"
+    )
+    mlflow_experiment: str = Field("pflower", min_length=1, description="`mlflow`: the experiment the run is logged under")
     #: The method's own keys (``<method>.<key>``), an instance of its declaration's ``params``.
     params: SerializeAsAny[MethodParams] = MethodParams()
 
@@ -204,19 +234,40 @@ class Settings(BaseModel):
 
     @property
     def num_classes(self) -> int:
+        """The data set's, from a table; an image tree's folders; a Hugging Face set's label column."""
         if self.node_data:
             raise ValueError("dataset='node': the classes are the nodes' (the ServerApp asks them)")
-        return _folder_shape(str(self.data_path), self.image_size)[1] if self.dataset == "imagefolder" else DATASET_INFO[self.dataset][1]
+        if self.dataset == "imagefolder":
+            return _folder_shape(str(self.data_path), self.image_size)[1]
+        if self.dataset == "torchvision":
+            return _torchvision_info(self.torchvision_name, self.emnist_split)[1]
+        if self.dataset == "huggingface":
+            return len(_hf_info(str(self.data_path), self.hf_image_column, self.hf_label_column).classes)
+        return DATASET_INFO[self.dataset][1]
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(channels, height, width): the data set's, an image tree's first image's (resized to
-        ``image-size`` if set)."""
+        ``image-size`` if set), a Hugging Face set's first image's."""
         if self.node_data:
             raise ValueError("dataset='node': the image shape is the nodes' (the ServerApp asks them)")
         if self.reads_folder:
             return _folder_shape(str(self.data_path), self.image_size)[0]
+        if self.dataset == "torchvision":
+            return _torchvision_info(self.torchvision_name, self.emnist_split)[0]
+        if self.dataset == "huggingface":
+            return _hf_info(str(self.data_path), self.hf_image_column, self.hf_label_column).shape
         return DATASET_INFO[self.dataset][0]
+
+    @property
+    def source(self) -> Source:
+        """The keys that name the data (what a process caches its pool by)."""
+        from pflower.datasets.sources import Source
+
+        return Source(
+            self.dataset, str(self.data_path) if self.data_dir else "", self.download, self.image_size, self.torchvision_name, self.emnist_split,
+            self.hf_image_column, self.hf_label_column, self.natural_id_column if self.partition == "natural-id" else "",
+        )  # fmt: skip
 
     @property
     def data_path(self) -> Path:
@@ -254,6 +305,18 @@ def _folder_shape(root: str, image_size: int) -> tuple[tuple[int, int, int], int
     return folder_shape(Path(root), image_size)
 
 
+def _torchvision_info(name: str, emnist_split: str) -> tuple[tuple[int, int, int], int]:
+    from pflower.datasets.torchvision_files import info
+
+    return info(name, emnist_split)
+
+
+def _hf_info(path: str, image: str, label: str):
+    from pflower.datasets.huggingface import hf_info
+
+    return hf_info(path, image, label)
+
+
 def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     """Rules that involve more than one key, the method's declaration or the file system."""
     problems: list[tuple[str, Any, str]] = []
@@ -265,9 +328,13 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
             problems.append(("test-mode", s.test_mode, "must be 'local' with dataset='node': each node has only its own test data, no shared test set"))
         if s.image_size:
             problems.append(("image-size", s.image_size, "with dataset='node' a node's config says its image-size"))
+        if s.feature_shift != "none":
+            problems.append(("feature-shift", s.feature_shift, "must be 'none' with dataset='node': each node's own data is its domain"))
     elif s.dataset != "digits":
         if not s.data_dir:
             problems.append(("data-dir", s.data_dir, f"dataset '{s.dataset}' needs a data directory"))
+        elif s.dataset == "huggingface":
+            problems += _huggingface_problems(s)
         elif not s.data_path.is_dir() and not (s.download and s.dataset.startswith("cifar")):
             problems.append(("data-dir", s.data_dir, "must be an existing directory"))
         elif s.dataset == "imagefolder":
@@ -277,6 +344,14 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
                 index_folder(s.data_path)
             except FolderError as err:
                 problems.append(("data-dir", s.data_dir, str(err)))
+        elif s.dataset == "torchvision":
+            from pflower.datasets.torchvision_files import LayoutError, found
+
+            try:
+                found(s.data_path, s.torchvision_name, s.emnist_split)
+            except LayoutError as err:
+                problems.append(("data-dir", s.data_dir, str(err)))
+    problems += _scope_problems(s)
     if problems or s.node_data:  # the data set's classes may be unknown
         return problems
     c = s.num_classes
@@ -308,8 +383,70 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     return problems
 
 
-def check_results_dir(s: Settings) -> None:
-    """ConfigError unless ``results-dir`` can be created and written (where the ServerApp runs)."""
+def _huggingface_problems(s: Settings) -> list[tuple[str, Any, str]]:
+    """A Hugging Face data set that is not there, or lacks a column the keys name."""
+    from pflower.datasets.huggingface import layout_problem, open_dataset
+    from pflower.datasets.sources import DataError
+
+    if problem := layout_problem(s.data_path):
+        return [("data-dir", s.data_dir, problem)]
+    try:
+        columns = open_dataset(str(s.data_path)).column_names
+    except DataError as err:
+        return [("data-dir", s.data_dir, str(err))]
+    keys = {"hf-image-column": s.hf_image_column, "hf-label-column": s.hf_label_column}
+    if s.partition == "natural-id" and s.natural_id_column:
+        keys["natural-id-column"] = s.natural_id_column
+    return [(k, v, f"the data set has no column {v!r}; its columns: {', '.join(columns)}") for k, v in keys.items() if v not in columns]
+
+
+#: Keys that mean something only with a dataset or partition: (key, field, when, what it needs).
+SCOPED_KEYS = (
+    ("torchvision-name", "torchvision_name", lambda s: s.dataset == "torchvision", "dataset 'torchvision'"),
+    (
+        "emnist-split",
+        "emnist_split",
+        lambda s: s.dataset == "torchvision" and s.torchvision_name == "EMNIST",
+        "dataset 'torchvision' with torchvision-name 'EMNIST'",
+    ),
+    ("hf-image-column", "hf_image_column", lambda s: s.dataset == "huggingface", "dataset 'huggingface'"),
+    ("hf-label-column", "hf_label_column", lambda s: s.dataset == "huggingface", "dataset 'huggingface'"),
+    ("shards-per-client", "shards_per_client", lambda s: s.partition == "shards", "partition 'shards'"),
+    ("client-sizes", "client_sizes", lambda s: s.partition == "sizes", "partition 'sizes'"),
+    ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
+    ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),
+    ("mlflow-experiment", "mlflow_experiment", lambda s: s.mlflow, "mlflow=true"),
+)
+
+
+def _scope_problems(s: Settings) -> list[tuple[str, Any, str]]:
+    """A key set (away from its default) where it does nothing, and a partition's missing key."""
+    problems = [(key, getattr(s, name), f"only for {needs}") for key, name, applies, needs in SCOPED_KEYS
+                if getattr(s, name) != Settings.model_fields[name].default and not applies(s)]  # fmt: skip
+    if s.partition == "natural-id":
+        if s.dataset != "huggingface":
+            problems.append(("partition", s.partition, "'natural-id' needs a data set with an id column: dataset 'huggingface' with natural-id-column"))
+        elif not s.natural_id_column:
+            problems.append(
+                ("natural-id-column", s.natural_id_column, "partition 'natural-id' needs the column that names each sample's writer, user or domain")
+            )
+    if s.partition == "sizes":
+        from pflower.datasets.partition import parse_sizes
+
+        try:
+            parse_sizes(s.client_sizes)
+        except ValueError as err:
+            problems.append(("client-sizes", s.client_sizes, str(err)))
+    return problems
+
+
+def check_server(s: Settings) -> None:
+    """ConfigError unless the ServerApp can run here: ``results-dir`` can be created and written,
+    and the trackers turned on are installed (clients need neither)."""
+    from pflower.tracking import missing_extras
+
+    if problems := missing_extras(s.to_run_config()):
+        raise ConfigError(problems)
     path = s.results_path
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -129,13 +129,44 @@ def plot_collaboration(w: np.ndarray, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def plot_partition(counts: dict[str, list[int]], path, title: str, domains: dict[str, str] | None = None) -> None:
+    """Who holds which labels: per client a bar of its samples, stacked by class (``counts``:
+    client -> samples per class); each client's domain, if any, under its bar."""
+    plt = _pyplot()
+    clients = sorted(counts, key=int)
+    c = np.array([counts[k] for k in clients], dtype=np.float64)
+    n, k = c.shape
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * n + 2.5), 4.2 + (0.9 if domains else 0)))
+    cmap = plt.get_cmap("tab10" if k <= 10 else "tab20" if k <= 20 else "viridis")
+    bottom = np.zeros(n)
+    for j in range(k):
+        colour = cmap(j) if k <= 20 else cmap(j / max(1, k - 1))
+        ax.bar(range(n), c[:, j], bottom=bottom, color=colour, width=0.8, label=str(j) if k <= 20 else None)
+        bottom += c[:, j]
+    labels = [f"{cl}\n{domains.get(cl, '')}" if domains else cl for cl in clients]
+    ax.set_xticks(range(n), labels, rotation=90 if domains else 0, fontsize=7 if domains else 8)
+    ax.set(xlabel="client", ylabel="samples (train + test)", title=title)
+    if k <= 20:
+        ax.legend(title="class", fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
-    """Every figure one run's metrics support: accuracy per round, pFedLA's weights, SuPerFed's lambda
-    curve, FedeRiCo's collaboration weights."""
+    """Every figure one run's metrics support: accuracy per round, the partition (labels per
+    client, and domains), pFedLA's weights, SuPerFed's lambda curve, FedeRiCo's collaboration weights."""
     cfg, rounds = doc["config"], doc["rounds"]
     name = cfg.get("method") or doc.get("strategy", "run")
     drawn = [directory / "accuracy.png"]
     plot_accuracy(rounds, drawn[0], title=f"{name} on {cfg['dataset']}" if "dataset" in cfg else name)
+    if doc.get("client-label-counts"):
+        drawn.append(directory / "partition.png")
+        shift = f", feature shift {cfg['feature-shift']}" if cfg.get("feature-shift", "none") != "none" else ""
+        plot_partition(
+            doc["client-label-counts"], drawn[-1], f"{cfg.get('dataset', '')}: partition '{cfg.get('partition', '')}'{shift}", doc.get("client-domains")
+        )
     with_alpha = [r for r in rounds if "alpha" in r]
     if with_alpha:
         last = with_alpha[-1]

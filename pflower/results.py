@@ -29,13 +29,16 @@ def _mb(n: int) -> str:
 class Recorder:
     """Collects one dict per round, logs a progress line for each, and writes ``metrics.json``
     (after every round) and the figures of :func:`pflower.plots.draw_run` (at the end) into
-    ``directory``; with no directory it only logs."""
+    ``directory``; with no directory it only logs. ``trackers`` (:mod:`pflower.tracking`) get
+    every row once it is complete, and the figures at the end."""
 
-    def __init__(self, directory: Path | None, run_config: dict[str, Any], num_rounds: int, rounds: list[dict[str, Any]] | None = None):
+    def __init__(self, directory: Path | None, run_config: dict[str, Any], num_rounds: int, rounds: list[dict[str, Any]] | None = None,
+                 trackers: list | None = None):  # fmt: skip
         self.dir = directory
         self.run_config = dict(run_config)
         self.num_rounds = num_rounds
         self.rounds: list[dict[str, Any]] = list(rounds or [])
+        self.trackers = list(trackers or [])
         self.extra: dict[str, Any] = {}
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +62,9 @@ class Recorder:
         self.write()
 
     def _log(self, row: dict[str, Any]) -> None:
+        """The progress line of a complete row; the trackers get the row."""
+        for tracker in self.trackers:
+            tracker.round(row)
         rejected = sum(row.get("rejected", {}).values())
         if not row.get("evaluated"):
             quality = "not evaluated this round"
@@ -109,5 +115,7 @@ class Recorder:
     def finish(self) -> None:
         if self.dir is not None:
             self.write()
-            draw_run(self.document(), self.dir)
+            figures = draw_run(self.document(), self.dir)
+            for tracker in self.trackers:
+                tracker.finish(self.document(), figures)
             log(INFO, "Results written to %s", self.dir)

@@ -98,6 +98,9 @@ def test_nodes_with_their_own_data_train_and_a_node_of_another_size_is_refused(t
     doc = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert sorted(doc["final"]["per-client-accuracy"]) == ["0", "1", "2"] and doc["num-clients"] == 3
     assert doc["client-classes"] == {"0": [0, 1, 2, 3], "1": [4, 5, 6], "2": [7, 8, 9]}
+    counts = doc["client-label-counts"]  # each node's samples per class, in the union's numbering
+    assert all(len(c) == 10 for c in counts.values()) and [i for i, c in enumerate(counts["1"]) if c] == [4, 5, 6]
+    assert (tmp_path / "out" / "partition.png").is_file()
     assert "node 103 (client 3) is refused: its images are (1, 16, 16), the federation's (1, 8, 8)" in caplog.text
     trained = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert all(list(m.content["config"]["class-names"]) == [str(c) for c in range(10)] for m in trained)

@@ -92,6 +92,26 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
         assert a["sampled"] == b["sampled"] == 2
 
 
+@SIMULATION
+def test_shards_and_feature_shift_on_flower_equal_the_run_in_process(superlink, tmp_path):
+    """flwr-datasets' shards with every client a feature-shift domain, FedBN, 2 rounds on Flower
+    with TensorBoard on: the same partition (label counts), domains and metrics as in process;
+    the ServerApp writes the partition figure and the event file."""
+    from conftest import in_process_rounds, run_config
+
+    keys = dict(method="fedbn", model="cnn-bn", partition="shards", feature_shift="mixed", num_server_rounds=2, local_epochs=1)
+    results = tmp_path / "flower"
+    _, status, log = _run(superlink, f"{run_config_string({k.replace('_', '-'): v for k, v in keys.items()})} tensorboard=true results-dir='{results}'")
+    assert status == "finished:completed", log
+    doc = json.loads((results / "metrics.json").read_text())
+    rounds = in_process_rounds(run_config(**keys), tmp_path / "in-process")
+    local = json.loads((tmp_path / "in-process" / "metrics.json").read_text())
+    assert doc["client-label-counts"] == local["client-label-counts"] and doc["client-domains"] == local["client-domains"]
+    assert sorted(doc["client-domains"].values()) == ["contrast ×0.25", "noise σ 1.00", "rotation 90°"]
+    assert [r["per-client-accuracy"] for r in doc["rounds"]] == [r["per-client-accuracy"] for r in rounds]
+    assert (results / "partition.png").is_file() and any((results / "tensorboard").glob("events.out.tfevents.*"))
+
+
 @FAULTS
 def test_bad_config_fails_the_run_with_one_message(superlink, tmp_path):
     """A key the strategy refuses (after the schema accepted every value; the schema's own

@@ -30,8 +30,9 @@ from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
-from pflower.datasets import Split, client_data, global_test, pool_for
+from pflower.datasets import Split, client_data, client_domain, global_test, label_counts, pool_for
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
+from pflower.datasets.shift import DOMAIN
 from pflower.device import deterministic_kernels, device
 from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
@@ -246,15 +247,22 @@ def _lineage(msg: Message) -> str:
 def query(msg: Message, context: Context) -> Message:
     """Who is this client: its stable id, how many clients there are, how much data it has and
     of which classes (its test split's: the training distribution, without label noise; the
-    server relates pFedLA's weights to them)."""
+    server relates pFedLA's weights to them), how many samples of each class (the partition
+    figure), and what sets its inputs apart (its domain, if the run has any)."""
     rt = runtime(context)
     classes = torch.unique(rt.test.y).tolist()
+    if rt.settings.node_data:  # in its own numbering of its class names
+        data = node_data(context, rt.settings)
+        counts = np.bincount(data.y.numpy(), minlength=len(data.names)).tolist()
+    else:
+        counts = label_counts(rt.settings, rt.client_id, rt.num_clients)
     reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes,
-                          single_message.CAPABLE: 1})  # fmt: skip
+                          "label-counts": counts, single_message.CAPABLE: 1})  # fmt: skip
     content = RecordDict({"metrics": reply})
     if rt.settings.node_data:  # what the server builds the model from
-        data = node_data(context, rt.settings)
         content[IDENTITY] = ConfigRecord({CLASS_NAMES: list(data.names), "shape": list(data.shape)})
+    elif domain := client_domain(rt.settings, rt.client_id, rt.num_clients):
+        content[DOMAIN] = ConfigRecord({"name": domain})
     return Message(content, reply_to=msg)
 
 

@@ -1,6 +1,6 @@
 """Data: sources (local files only), partitions, and each client's train/test split."""
 
-from pflower.datasets.federated import Split, client_data, federated_indices, global_test, holdout, pool_for
+from pflower.datasets.federated import Split, client_data, client_domain, federated_indices, global_test, holdout, label_counts, pool_for
 from pflower.datasets.partition import PartitionError
 from pflower.datasets.sources import DataError, Pool
 
@@ -10,8 +10,10 @@ __all__ = [
     "Pool",
     "Split",
     "client_data",
+    "client_domain",
     "federated_indices",
     "global_test",
     "holdout",
+    "label_counts",
     "pool_for",
 ]

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from pflower.datasets import partition as P
-from pflower.datasets.sources import Pool, load_pool
+from pflower.datasets import sources as S
+from pflower.datasets.shift import domain_of
+from pflower.datasets.sources import Pool, Source
 
 if TYPE_CHECKING:  # annotations only: the configuration validates data folders with pflower.datasets
     from pflower.config import Settings
@@ -41,17 +43,49 @@ class FederatedIndices:
     groups: np.ndarray | None
 
 
+def load_pool(source: Source) -> Pool:
+    """The whole pool of the data set ``source`` names."""
+    dataset, data_dir = source.dataset, Path(source.data_dir)
+    if dataset == "digits":
+        return S.load_digits()
+    if dataset == "imagefolder":
+        return S.load_image_folder(data_dir, source.image_size)
+    if dataset in ("mnist", "fashion-mnist", "emnist"):
+        return S.load_idx_family(dataset, data_dir)
+    if dataset in ("cifar10", "cifar100"):
+        return S.load_cifar(dataset, data_dir, source.download)
+    if dataset == "torchvision":
+        from pflower.datasets.torchvision_files import load_torchvision
+
+        return load_torchvision(data_dir, source.torchvision_name, source.emnist_split)
+    if dataset == "huggingface":  # imports `datasets` (3 s) only here
+        from pflower.datasets.huggingface import load_huggingface
+
+        return load_huggingface(source)
+    raise S.DataError(f"unknown dataset {dataset!r}")
+
+
 @lru_cache(maxsize=4)
-def _pool(dataset: str, data_dir: str, download: bool, image_size: int) -> Pool:
-    return load_pool(dataset, Path(data_dir), download, image_size)
+def _pool(source: Source) -> Pool:
+    return load_pool(source)
 
 
 def pool_for(settings: Settings) -> Pool:
-    return _pool(settings.dataset, str(settings.data_path) if settings.data_dir else "", settings.download, settings.image_size)
+    return _pool(settings.source)
 
 
-def partition_indices(labels: np.ndarray, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
+def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
     """One index array per client for the configured partition."""
+    labels = pool.y.numpy()
+    if s.partition == "natural-id":
+        if pool.ids is None:
+            raise P.PartitionError("partition 'natural-id' needs a data set with an id column (natural-id-column)")
+        return P.natural_id(pool.ids, num_clients), None
+    if s.partition == "shards":
+        return P.shards(labels, num_clients, s.shards_per_client, s.seed), None
+    if s.partition in ("linear", "exponential", "sizes"):
+        sizes = P.parse_sizes(s.client_sizes) if s.partition == "sizes" else None
+        return P.quantity_skew(labels, num_clients, s.partition, s.seed, sizes), None
     if s.partition == "iid":
         return P.iid(labels, num_clients, s.seed), None
     if s.partition == "dirichlet":
@@ -66,8 +100,9 @@ def partition_indices(labels: np.ndarray, num_clients: int, s: Settings) -> tupl
 @lru_cache(maxsize=8)
 def federated_indices(settings: Settings, num_clients: int) -> FederatedIndices:
     """Partition the pool among ``num_clients`` and split every share into train and test."""
-    labels = pool_for(settings).y.numpy()
-    parts, groups = partition_indices(labels, num_clients, settings)
+    pool = pool_for(settings)
+    labels = pool.y.numpy()
+    parts, groups = partition_indices(pool, num_clients, settings)
     train, test = [], []
     for cid, idx in enumerate(parts):
         if len(idx) < 2:
@@ -91,7 +126,8 @@ def holdout(data: Split, fraction: float, seed: int) -> tuple[Split, Split]:
 
 
 def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[Split, Split]:
-    """(train, test) samples of one client; ``label-noise`` flips training labels only."""
+    """(train, test) samples of one client; ``label-noise`` flips training labels only,
+    ``feature-shift`` transforms both by the client's domain."""
     if not 0 <= client_id < num_clients:
         raise ValueError(f"client id {client_id} is outside 0..{num_clients - 1}")
     pool = pool_for(settings)
@@ -101,11 +137,39 @@ def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[S
     if settings.label_noise != "none" and settings.label_noise_ratio > 0:
         seed = int(np.random.SeedSequence([settings.seed, client_id, 7]).generate_state(1)[0])
         y_train = P.noisy_labels(y_train, settings.label_noise, settings.label_noise_ratio, pool.num_classes, seed)
-    return Split(pool.x[tr], y_train), Split(pool.x[te], pool.y[te])
+    x_train, x_test = pool.x[tr], pool.x[te]
+    if settings.feature_shift != "none":
+        domain = domain_of(settings.feature_shift, settings.seed, client_id, num_clients)
+        x_train, x_test = domain.apply(x_train), domain.apply(x_test)
+    return Split(x_train, y_train), Split(x_test, pool.y[te])
+
+
+def label_counts(settings: Settings, client_id: int, num_clients: int) -> list[int]:
+    """How many samples of each class client ``client_id`` holds (train and test, labels before
+    any label noise): the partition as drawn."""
+    pool = pool_for(settings)
+    fi = federated_indices(settings, num_clients)
+    held = np.concatenate([fi.train[client_id], fi.test[client_id]])
+    return np.bincount(pool.y.numpy()[held], minlength=pool.num_classes).tolist()
+
+
+def client_domain(settings: Settings, client_id: int, num_clients: int) -> str:
+    """What sets client ``client_id``'s inputs apart: its feature-shift domain, or the natural ids
+    it holds (``natural-id``); '' when the clients differ in their labels only."""
+    if settings.feature_shift != "none":
+        return domain_of(settings.feature_shift, settings.seed, client_id, num_clients).name(pool_for(settings).shape[0])
+    if settings.partition == "natural-id" and (ids := pool_for(settings).ids) is not None:
+        held = P.natural_ids_of(ids, num_clients, client_id)
+        return ", ".join(held[:3]) + (f" (+{len(held) - 3})" if len(held) > 3 else "")
+    return ""
 
 
 def global_test(settings: Settings, num_clients: int) -> Split:
-    """The union of all clients' test splits: a test set with the union of their distributions."""
+    """The union of all clients' test splits: a test set with the union of their distributions
+    (and, under feature shift, of their domains)."""
+    if settings.feature_shift != "none":
+        tests = [client_data(settings, c, num_clients)[1] for c in range(num_clients)]
+        return Split(torch.cat([t.x for t in tests]), torch.cat([t.y for t in tests]))
     pool = pool_for(settings)
     idx = torch.from_numpy(np.concatenate(federated_indices(settings, num_clients).test))
     return Split(pool.x[idx], pool.y[idx])

@@ -1,13 +1,17 @@
-"""Label-based partitions of one data pool into clients, and per-client train/test splits.
+"""Partitions of one data pool into clients, and per-client train/test splits.
 
 Every function is deterministic for a seed and returns one index array per client.
-``dirichlet`` uses flwr-datasets' partitioner (``iid`` gives the same shards as its
-IidPartitioner, without the import); the pFedLA settings
-(``pathological``: k classes with equal samples per class; ``dominant``: all classes, a few
-dominant) and the FedeRiCo setting (``label-groups``) have no counterpart there.
+``dirichlet``, ``shards`` (the FedAvg paper's) and the quantity skews ``linear``,
+``exponential`` and ``sizes`` use flwr-datasets' partitioners (``iid`` gives the same shards as
+its IidPartitioner, ``natural_id`` the same partitions as its NaturalIdPartitioner when there
+are as many ids as clients, both without the import); the pFedLA settings (``pathological``: k
+classes with equal samples per class; ``dominant``: all classes, a few dominant) and the
+FedeRiCo setting (``label-groups``) have no counterpart there.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -17,10 +21,88 @@ class PartitionError(ValueError):
     """A partition that cannot be built (e.g. a client would get no samples)."""
 
 
-def _as_hf_dataset(labels: np.ndarray):
+def _as_hf_dataset(labels: np.ndarray, index: np.ndarray | None = None):
+    """The labels as the Hugging Face data set flwr-datasets' partitioners take, each row with its
+    pool ``index`` (by default its position)."""
     from datasets import Dataset
 
-    return Dataset.from_dict({"label": labels.tolist(), "index": np.arange(len(labels)).tolist()})
+    index = np.arange(len(labels)) if index is None else index
+    return Dataset.from_dict({"label": labels.tolist(), "index": index.tolist()})
+
+
+def _upstream(partitioner, dataset, num_clients: int, what: str) -> list[np.ndarray]:
+    """Each client's pool indices from a flwr-datasets partitioner on ``dataset``; its refusal
+    (a client left empty, too few samples) as a PartitionError naming the partition."""
+    partitioner.dataset = dataset
+    try:
+        with warnings.catch_warnings():  # SizePartitioner's note that sizes below the pool leave samples out: meant
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)  # pyarrow's, on the ShardPartitioner's sort
+            return [np.sort(np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)) for i in range(num_clients)]
+    except (ValueError, KeyError) as err:
+        raise PartitionError(f"{what} partition for {num_clients} clients of {len(dataset)} samples failed: {err}") from None
+
+
+def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int) -> list[np.ndarray]:
+    """The FedAvg paper's pathological non-IID split (flwr-datasets' ShardPartitioner): the pool
+    sorted by label, cut into ``num_clients`` x ``shards_per_client`` equal shards, each client
+    given that many at random (the remainder of the cut is unused)."""
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    part = ShardPartitioner(num_partitions=num_clients, partition_by="label", num_shards_per_partition=shards_per_client, seed=seed)
+    return _upstream(part, _as_hf_dataset(labels), num_clients, "shards")
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``client-sizes``: '100,200,700' as [100, 200, 700]; ValueError unless whole numbers >= 2."""
+    try:
+        sizes = [int(v) for v in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 2:
+        raise ValueError("must be one whole number >= 2 per client, comma-separated (e.g. '100,200,700')")
+    return sizes
+
+
+def quantity_skew(labels: np.ndarray, num_clients: int, kind: str, seed: int, sizes: list[int] | None = None) -> list[np.ndarray]:
+    """Clients of different sizes, each a uniform sample of the pool: flwr-datasets'
+    LinearPartitioner (client i's share ∝ i + 1), ExponentialPartitioner (∝ e^(i + 1)) or
+    SizePartitioner (``sizes``, one per client). They cut the data set in its stored order, so
+    they are given the pool in a seeded random order: the skew is in quantity only."""
+    from flwr_datasets.partitioner import ExponentialPartitioner, LinearPartitioner, SizePartitioner
+
+    if kind == "sizes":
+        if sizes is None or len(sizes) != num_clients:
+            raise PartitionError(f"client-sizes gives {0 if sizes is None else len(sizes)} sizes for {num_clients} clients; give one per client")
+        if sum(sizes) > len(labels):
+            raise PartitionError(f"client-sizes asks for {sum(sizes)} samples, the pool has {len(labels)}")
+        part = SizePartitioner(sizes)
+    else:
+        part = (LinearPartitioner if kind == "linear" else ExponentialPartitioner)(num_partitions=num_clients)
+    perm = np.random.default_rng(seed).permutation(len(labels))
+    parts = _upstream(part, _as_hf_dataset(labels[perm], perm), num_clients, kind)
+    if small := [i for i, p in enumerate(parts) if len(p) < 2]:
+        raise PartitionError(
+            f"{kind} partition leaves client {small[0]} with {len(parts[small[0]])} samples (of {len(labels)} for {num_clients} clients); use fewer clients"
+        )
+    return parts
+
+
+def natural_id(ids: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Clients by a natural id (writer, user, domain): the distinct ids sorted, client i holding
+    the samples of ``array_split(ids, num_clients)[i]``; with as many ids as clients, client i
+    holds the i-th id's samples, flwr-datasets' NaturalIdPartitioner's partition i (tested)."""
+    values, inverse = np.unique(ids, return_inverse=True)
+    if len(values) < num_clients:
+        raise PartitionError(f"natural-id partition: {len(values)} distinct ids for {num_clients} clients; every client needs one at least")
+    groups = np.array_split(np.arange(len(values)), num_clients)
+    return [np.flatnonzero(np.isin(inverse, g)) for g in groups]
+
+
+def natural_ids_of(ids: np.ndarray, num_clients: int, client_id: int) -> list[str]:
+    """The natural ids client ``client_id`` holds under :func:`natural_id`."""
+    values = np.unique(ids)
+    return [str(v) for v in np.array_split(values, num_clients)[client_id]]
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -245,7 +327,9 @@ def _class_balanced_subset(part: np.ndarray, labels: np.ndarray, size: int, rng:
 
 
 def train_test_split(indices: np.ndarray, labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified split of one client's indices: train and test share the label distribution."""
+    """Stratified split of one client's indices: train and test share the label distribution.
+    A client whose every class has one sample (a sparse writer of a natural-id partition) would
+    get no test sample so: it holds out a random ``test_fraction`` (at least one) instead."""
     rng = np.random.default_rng(seed)
     train, test = [], []
     for c in np.unique(labels[indices]):
@@ -255,7 +339,12 @@ def train_test_split(indices: np.ndarray, labels: np.ndarray, test_fraction: flo
             n_test = min(max(n_test, 1), len(idx) - 1)
         test.append(idx[:n_test])
         train.append(idx[n_test:])
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+    train_idx, test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+    if len(test_idx) == 0 and len(indices) > 1:
+        order = rng.permutation(indices)
+        k = min(max(1, int(round(test_fraction * len(indices)))), len(indices) - 1)
+        return np.sort(order[k:]), np.sort(order[:k])
+    return train_idx, test_idx
 
 
 def noisy_labels(y: torch.Tensor, kind: str, ratio: float, num_classes: int, seed: int) -> torch.Tensor:

@@ -3,8 +3,11 @@
 ``digits`` is embedded in scikit-learn; the MNIST family is read from IDX files (gzipped or
 not) in ``data-dir``; ``imagefolder`` from an image tree (:mod:`pflower.datasets.folder`); CIFAR
 from such a tree or through torchvision from a local root, downloading only when
-``download=true``. Every split found (train and test files) is pooled: pflower partitions the
-pool into clients and splits each client's share into train and test itself.
+``download=true``. Each source is a function returning its :class:`Pool`; torchvision's files
+(:mod:`pflower.datasets.torchvision_files`) and Hugging Face's (:mod:`pflower.datasets.huggingface`)
+have modules of their own, and :func:`pflower.datasets.federated.load_pool` picks by name.
+Every split found (train and test files) is pooled: pflower partitions the pool into clients and
+splits each client's share into train and test itself.
 """
 
 from __future__ import annotations
@@ -23,12 +26,29 @@ class DataError(ValueError):
 
 
 @dataclass(frozen=True)
+class Source:
+    """The run-config keys that name a data set (hashable: each process caches a pool by them)."""
+
+    dataset: str
+    data_dir: str = ""
+    download: bool = False
+    image_size: int = 0
+    torchvision_name: str = ""
+    emnist_split: str = "balanced"
+    image_column: str = "image"
+    label_column: str = "label"
+    id_column: str = ""
+
+
+@dataclass(frozen=True)
 class Pool:
-    """All samples of a data set: normalized images [n, C, H, W] and labels [n]."""
+    """All samples of a data set: normalized images [n, C, H, W], labels [n] and, for a data
+    set with an id column (``natural-id-column``), each sample's natural id (writer, user, domain)."""
 
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    ids: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -149,16 +169,3 @@ def load_cifar(name: str, root: Path, download: bool) -> Pool:
     x = np.concatenate([s.data for s in splits]).astype(np.float32).transpose(0, 3, 1, 2) / 255.0
     y = np.concatenate([np.asarray(s.targets) for s in splits]).astype(np.int64)
     return Pool(_normalize(x), torch.from_numpy(y), 10 if name == "cifar10" else 100)
-
-
-def load_pool(dataset: str, data_dir: Path, download: bool = False, image_size: int = 0) -> Pool:
-    """The whole pool of one data set."""
-    if dataset == "digits":
-        return load_digits()
-    if dataset == "imagefolder":
-        return load_image_folder(data_dir, image_size)
-    if dataset in ("mnist", "fashion-mnist", "emnist"):
-        return load_idx_family(dataset, data_dir)
-    if dataset in ("cifar10", "cifar100"):
-        return load_cifar(dataset, data_dir, download)
-    raise DataError(f"unknown dataset {dataset!r}")

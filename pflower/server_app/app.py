@@ -11,7 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
-from pflower.config import ConfigError, check_results_dir, load_settings
+from pflower.config import ConfigError, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
 from pflower.strategies.federation import Federation, NoClientsError
@@ -41,7 +41,7 @@ def main(grid: Grid, context: Context) -> None:
     deterministic_kernels()  # the server trains too (pFedLA's and pFedHN's hypernetworks)
     try:
         settings = load_settings(context.run_config)
-        check_results_dir(settings)
+        check_server(settings)
         checkpoint = load_checkpoint(settings) if settings.resume_from else None
         if settings.node_data:  # the nodes say what their data is; the server opens no data file
             federation = Federation(settings.seed)

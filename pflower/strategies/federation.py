@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 
 from pflower import single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
+from pflower.datasets.shift import DOMAIN
 from pflower.records import payload_bytes
 from pflower.strategies.validation import Rejected, check_reply
 
@@ -98,6 +99,8 @@ class Federation:
         self.client_of: dict[int, int] = {}  # node id -> client id
         self.num_examples: dict[int, int] = {}  # training samples each client said it has
         self.classes: dict[int, list[int]] = {}  # the classes of its data, if it said
+        self.label_counts: dict[int, list[int]] = {}  # its samples per class, if it said
+        self.domains: dict[int, str] = {}  # what sets its inputs apart (feature shift, natural ids), if anything
         self.stateless: set[int] = set()  # clients without a query handler (quickstart-style)
         self.num_clients = 0
         self.fixed = False  # the server has allocated per-client state: no client id beyond num_clients
@@ -185,6 +188,11 @@ class Federation:
         classes = r.metrics.get("classes")
         if isinstance(classes, list) and all(isinstance(c, int) for c in classes):
             self.classes[r.client_id] = classes
+        counts = r.metrics.get("label-counts")
+        if isinstance(counts, list) and all(isinstance(c, int) for c in counts):
+            self.label_counts[r.client_id] = counts
+        if (domain := reply.content.config_records.get(DOMAIN)) is not None:
+            self.domains[r.client_id] = str(domain.get("name", ""))
         if r.metrics.get(single_message.CAPABLE) == 1:
             self.riders.add(r.client_id)
         if not self.fixed:
@@ -217,6 +225,14 @@ class Federation:
         self.num_clients = min(self.num_clients, max(self.node_of) + 1)  # refused highest ids leave no empty rows
         union = class_union(names for _, names in self.data.values())
         self.classes = {cid: [union.index(n) for n in names] for cid, (_, names) in self.data.items()}  # in the union's numbering
+        for cid, counts in list(self.label_counts.items()):
+            if cid in self.data and len(counts) == len(names := self.data[cid][1]):
+                numbered = [0] * len(union)
+                for name, count in zip(names, counts):
+                    numbered[union.index(name)] = count
+                self.label_counts[cid] = numbered
+            else:
+                self.label_counts.pop(cid)
         return self.shape, union
 
     def _register_stateless(self, node: int, nodes: set[int]) -> str | None:

@@ -41,6 +41,7 @@ from pflower.results import Recorder
 from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase, Ridden
 from pflower.strategies.gate import ReplyGate
 from pflower.strategies.validation import ArraySpec, Reply
+from pflower.tracking import open_trackers
 
 #: The aggregated evaluation metrics a metrics.json row carries (None where a round is not evaluated).
 EVALUATION_METRICS = ("accuracy", "weighted-accuracy", "loss", "top5-accuracy", "ece", "mce")
@@ -258,7 +259,8 @@ class PflStrategy(Strategy):
         self.round_timeout = timeout or self.round_timeout
         self.summary()
         lineage = checkpoint.lineage if checkpoint else uuid.uuid4().hex
-        recorder = Recorder(self.results_dir, self.run_config, self.num_rounds, rounds=checkpoint.rounds if checkpoint else None)
+        trackers = open_trackers(self.run_config, self.results_dir, lineage)
+        recorder = Recorder(self.results_dir, self.run_config, self.num_rounds, rounds=checkpoint.rounds if checkpoint else None, trackers=trackers)
         started = time.time()
         initial_arrays = self.connect(grid, initial_arrays)
         result = Result(arrays=initial_arrays)
@@ -281,6 +283,10 @@ class PflStrategy(Strategy):
                                "timeline": timeline, "evaluation": self.evaluation})  # fmt: skip
         if self.federation.classes:
             recorder.extra["client-classes"] = {str(c): v for c, v in sorted(self.federation.classes.items())}
+        if self.federation.label_counts:
+            recorder.extra["client-label-counts"] = {str(c): v for c, v in sorted(self.federation.label_counts.items())}
+        if self.federation.domains:
+            recorder.extra["client-domains"] = {str(c): v for c, v in sorted(self.federation.domains.items())}
         for rnd in range(first, self.num_rounds + 1):
             t0 = time.perf_counter()
             if rnd > first:  # a SuperNode that restarted comes back under a new node id

@@ -1,0 +1,155 @@
+"""Hugging Face data sets saved on disk, read with Hugging Face's offline mode forced.
+
+``data-dir`` is a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
+(every split pooled), a ``.parquet`` file, or a folder of them (as on the Hub: every
+``*.parquet`` below it, pooled). The image column holds images (``datasets.Image``, decoded
+with PIL) or arrays ([H, W] or [H, W, C], uint8 or floats in [0, 1]); the label column a
+``ClassLabel`` (its classes, in its order) or plain values (their sorted distinct values are the
+classes). One image size and channel count per data set.
+
+Before ``datasets`` is imported here, ``HF_DATASETS_OFFLINE=1`` and ``HF_HUB_OFFLINE=1`` are set
+(and, if another module imported it first, its config is set offline too): nothing reaches a
+network, and a missing file is an error instead of a download.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pflower.datasets.sources import DataError, Pool, Source, _normalize
+
+#: The environment that keeps ``datasets`` and ``huggingface_hub`` off the network.
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def offline_datasets():
+    """The ``datasets`` module with Hugging Face's offline mode on (set before its first import)."""
+    os.environ.update(OFFLINE)
+    import datasets
+    import huggingface_hub.constants
+
+    datasets.config.HF_DATASETS_OFFLINE = True  # if it was imported before the environment was set
+    datasets.config.HF_HUB_OFFLINE = True
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    return datasets
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    return [path] if path.is_file() and path.suffix == ".parquet" else sorted(path.rglob("*.parquet")) if path.is_dir() else []
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a ``save_to_disk`` folder (of a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def layout_problem(path: Path) -> str | None:
+    """Why ``path`` is not a data set this module reads, or None."""
+    if not path.exists():
+        return f"{path} does not exist"
+    if is_saved_dataset(path) or _parquet_files(path):
+        return None
+    return f"{path} is neither a save_to_disk folder (with dataset_info.json and state.json, or dataset_dict.json) nor a .parquet file or a folder of them"
+
+
+@lru_cache(maxsize=4)
+def open_dataset(path: str):
+    """The data set at ``path`` as one ``datasets.Dataset`` (every split pooled, in their order)."""
+    datasets = offline_datasets()
+    root = Path(path)
+    if problem := layout_problem(root):
+        raise DataError(problem)
+    try:
+        if is_saved_dataset(root):
+            ds = datasets.load_from_disk(str(root))
+            parts = list(ds.values()) if isinstance(ds, datasets.DatasetDict) else [ds]
+        else:
+            import pyarrow.parquet as pq
+            from datasets.table import InMemoryTable
+
+            parts = [datasets.Dataset(InMemoryTable(pq.read_table(f))) for f in _parquet_files(root)]
+        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot read the Hugging Face data set {root}: {err}") from None
+
+
+def check_columns(ds, columns: dict[str, str]) -> None:
+    """DataError naming the key of each column the data set lacks, with the columns it has."""
+    for key, column in columns.items():
+        if column not in ds.column_names:
+            raise DataError(f"{key}={column!r}: the data set has no column {column!r}; its columns: {', '.join(ds.column_names)}")
+
+
+def _images(batch: Any, column: str, first: int) -> np.ndarray:
+    """A batch of the image column as float32 [n, C, H, W] in [0, 1]."""
+    try:
+        a = np.asarray(batch) if not isinstance(batch, np.ndarray) or batch.dtype != object else np.stack(list(batch))
+    except ValueError:
+        raise DataError(f"column {column!r}: the images from row {first} on differ in size or channels; one per data set") from None
+    if a.ndim == 3:
+        a = a[:, :, :, None]
+    if a.ndim != 4 or a.shape[-1] not in (1, 3, 4):
+        raise DataError(f"column {column!r}: rows from {first} on are {a.shape[1:]}, not images [H, W] or [H, W, channels]")
+    a = a[..., :3] if a.shape[-1] == 4 else a  # RGBA: the alpha channel is dropped
+    scale = 255.0 if a.dtype == np.uint8 or a.max(initial=0) > 1 else 1.0
+    return np.ascontiguousarray(a.transpose(0, 3, 1, 2), dtype=np.float32) / scale
+
+
+@dataclass(frozen=True)
+class HFInfo:
+    """What the server needs without decoding the whole set: image shape and class names."""
+
+    shape: tuple[int, int, int]
+    classes: tuple[str, ...]
+
+
+def _classes(ds, label: str) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """The class names, and for plain values the sorted distinct values they number (None for a ClassLabel)."""
+    feature = ds.features[label]
+    if hasattr(feature, "names") and hasattr(feature, "num_classes"):  # a ClassLabel
+        return tuple(feature.names), None
+    values = np.unique(np.asarray(ds.unique(label)))
+    return tuple(str(v) for v in values), values
+
+
+@lru_cache(maxsize=8)
+def hf_info(path: str, image: str, label: str) -> HFInfo:
+    """Image shape (the first row's) and classes of the data set at ``path``."""
+    ds = open_dataset(path)
+    check_columns(ds, {"hf-image-column": image, "hf-label-column": label})
+    if len(ds) == 0:
+        raise DataError(f"the data set {path} has no rows")
+    first = _images(ds.with_format("numpy").select([0])[image], image, 0)
+    return HFInfo(tuple(first.shape[1:]), _classes(ds, label)[0])  # type: ignore[arg-type]
+
+
+def load_hf(path: str, image: str, label: str, id_column: str = "") -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    """(images float32 [n, C, H, W] in [0, 1], labels, number of classes, natural ids or None)."""
+    ds = open_dataset(path)
+    columns = {"hf-image-column": image, "hf-label-column": label} | ({"natural-id-column": id_column} if id_column else {})
+    check_columns(ds, columns)
+    names, values = _classes(ds, label)
+    xs, ys = [], []
+    for start, batch in enumerate(ds.select_columns([image, label]).with_format("numpy").iter(batch_size=2048)):
+        xs.append(_images(batch[image], image, start * 2048))
+        ys.append(np.asarray(batch[label]))
+    if len({a.shape[1:] for a in xs}) > 1:
+        raise DataError(f"column {image!r}: the images differ in size or channels ({sorted({a.shape[1:] for a in xs})}); one per data set")
+    x = np.concatenate(xs)
+    y = np.concatenate(ys)
+    y = np.searchsorted(values, y) if values is not None else y.astype(np.int64)
+    ids = np.asarray([str(v) for v in ds[id_column]]) if id_column else None
+    return x, y.astype(np.int64), len(names), ids
+
+
+def load_huggingface(source: Source) -> Pool:
+    """The pool of the Hugging Face data set ``source`` names, standardized per channel."""
+    x, y, num_classes, ids = load_hf(source.data_dir, source.image_column, source.label_column, source.id_column)
+    return Pool(_normalize(x), torch.from_numpy(y), num_classes, ids)

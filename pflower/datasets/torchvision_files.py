@@ -1,0 +1,174 @@
+"""torchvision's data sets from a local root, in the file layout torchvision keeps them in.
+
+``root`` is what ``torchvision.datasets.<Name>(root, download=True)`` was given: the files it
+downloaded are read here directly, never downloaded and without importing torchvision, and
+without its checksum test (a copy converted or cut down elsewhere reads as well). Every split
+found is pooled, as for pflower's other sources:
+
+- ``MNIST``, ``FashionMNIST``, ``KMNIST``: ``root/<Name>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
+- ``EMNIST``: ``root/EMNIST/raw/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]``;
+  the images are stored transposed and are turned upright here; ``letters`` labels 1..26 become 0..25
+- ``SVHN``: ``root/{train,test}_32x32.mat`` (label 10 is digit 0, as torchvision reads it; the
+  531,131 ``extra`` images are not pooled)
+- ``CIFAR10``: ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}``; ``CIFAR100``:
+  ``root/cifar-100-python/{train,test}`` (the 100 fine labels)
+- ``USPS``: ``root/usps.bz2`` and ``root/usps.t.bz2`` (libsvm text, values in [-1, 1], labels 1..10)
+"""
+
+from __future__ import annotations
+
+import bz2
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pflower.datasets.sources import DataError, Pool, _normalize, _unit, read_idx
+
+#: torchvision's class name -> (image shape (channels, height, width), number of classes); EMNIST's
+#: classes depend on its split (:data:`EMNIST_CLASSES`).
+TORCHVISION_INFO: dict[str, tuple[tuple[int, int, int], int]] = {
+    "MNIST": ((1, 28, 28), 10),
+    "FashionMNIST": ((1, 28, 28), 10),
+    "KMNIST": ((1, 28, 28), 10),
+    "EMNIST": ((1, 28, 28), 47),
+    "SVHN": ((3, 32, 32), 10),
+    "CIFAR10": ((3, 32, 32), 10),
+    "CIFAR100": ((3, 32, 32), 100),
+    "USPS": ((1, 16, 16), 10),
+}
+#: torchvision's EMNIST splits and their classes.
+EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
+IDX_FAMILY = ("MNIST", "FashionMNIST", "KMNIST", "EMNIST")
+
+
+class LayoutError(DataError):
+    """No files of the data set where torchvision keeps them; the message names what was expected."""
+
+
+def info(name: str, emnist_split: str = "balanced") -> tuple[tuple[int, int, int], int]:
+    """(image shape, number of classes) of a data set, without reading it."""
+    shape, classes = TORCHVISION_INFO[name]
+    return shape, EMNIST_CLASSES[emnist_split] if name == "EMNIST" else classes
+
+
+def split_files(root: Path, name: str, emnist_split: str = "balanced") -> list[list[Path]]:
+    """The files of each split torchvision would read, relative to ``root`` (an IDX file may
+    also be gzipped); :func:`found` tells which splits are there."""
+    if name in IDX_FAMILY:
+        raw = root / name / "raw"
+        if name == "EMNIST":
+            stems = [f"emnist-{emnist_split}-{s}" for s in ("train", "test")]
+        else:
+            stems = ["train", "t10k"]
+        return [[raw / f"{s}-images-idx3-ubyte", raw / f"{s}-labels-idx1-ubyte"] for s in stems]
+    if name == "SVHN":
+        return [[root / "train_32x32.mat"], [root / "test_32x32.mat"]]
+    if name == "CIFAR10":
+        base = root / "cifar-10-batches-py"
+        return [[base / f"data_batch_{i}" for i in range(1, 6)], [base / "test_batch"]]
+    if name == "CIFAR100":
+        return [[root / "cifar-100-python" / "train"], [root / "cifar-100-python" / "test"]]
+    if name == "USPS":
+        return [[root / "usps.bz2"], [root / "usps.t.bz2"]]
+    raise LayoutError(f"torchvision data set {name!r} is not one pflower reads ({', '.join(TORCHVISION_INFO)})")
+
+
+def _existing(path: Path) -> Path | None:
+    """``path``, or its ``.gz`` for an IDX file, if it exists."""
+    if path.is_file():
+        return path
+    gz = path.with_name(path.name + ".gz")
+    return gz if "idx" in path.name and gz.is_file() else None
+
+
+def found(root: Path, name: str, emnist_split: str = "balanced") -> list[list[Path]]:
+    """The splits whose files are all there (as they exist: an IDX file maybe gzipped); a
+    :class:`LayoutError` naming the files expected when none is complete."""
+    splits = split_files(root, name, emnist_split)
+    complete = [[_existing(f) for f in files] for files in splits]
+    complete = [files for files in complete if all(files)]
+    if not complete:
+        expected = "; ".join(" + ".join(str(f.relative_to(root)) for f in files) for files in splits)
+        raise LayoutError(f"no {name} files in torchvision's layout under {root}: expected {expected} (IDX files may end in .gz)")
+    return complete  # type: ignore[return-value]
+
+
+def _idx(files: list[Path], transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+    x, y = read_idx(files[0]), read_idx(files[1])
+    if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+        raise DataError(f"{files[0].name} ({x.shape}) and {files[1].name} ({y.shape}) do not match")
+    return (x.transpose(0, 2, 1) if transpose else x)[:, None], y.astype(np.int64)
+
+
+def _svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    from scipy.io import loadmat
+
+    try:
+        mat = loadmat(str(path))
+    except Exception as err:  # noqa: BLE001 - scipy's MatReadError and whatever a damaged file raises
+        raise DataError(f"cannot read SVHN's {path}: {err}") from None
+    if "X" not in mat or "y" not in mat:
+        raise LayoutError(f"{path} has no 'X' and 'y' arrays (SVHN's .mat format)")
+    y = mat["y"].astype(np.int64).reshape(-1)
+    y[y == 10] = 0
+    return np.ascontiguousarray(mat["X"].transpose(3, 2, 0, 1)), y
+
+
+def _cifar(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for path in files:
+        with open(path, "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        if "data" not in entry or label_key not in entry:
+            raise LayoutError(f"{path} has no 'data' and '{label_key}' (CIFAR's pickled batches)")
+        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(entry[label_key], dtype=np.int64))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _usps(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with bz2.open(path) as f:
+        rows = [line.decode().split() for line in f if line.strip()]
+    values = np.asarray([[v.split(":")[-1] for v in row[1:]] for row in rows], dtype=np.float32)
+    if values.shape[1:] != (256,):
+        raise LayoutError(f"{path}: a USPS row has 256 values (16x16), these have {values.shape[1:]}")
+    x = ((values.reshape(-1, 1, 16, 16) + 1) / 2 * 255).astype(np.uint8)
+    return x, np.asarray([int(float(row[0])) - 1 for row in rows], dtype=np.int64)
+
+
+def load(root: Path, name: str, emnist_split: str = "balanced") -> tuple[np.ndarray, np.ndarray]:
+    """Every split of ``name`` under ``root``: images uint8 [n, C, H, W] and labels 0..classes-1."""
+    xs, ys = [], []
+    for files in found(root, name, emnist_split):
+        try:
+            if name in IDX_FAMILY:
+                x, y = _idx(files, transpose=name == "EMNIST")
+            elif name == "SVHN":
+                x, y = _svhn(files[0])
+            elif name.startswith("CIFAR"):
+                x, y = _cifar(files, "labels" if name == "CIFAR10" else "fine_labels")
+            else:
+                x, y = _usps(files[0])
+        except DataError:
+            raise
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
+            raise DataError(f"cannot read {name} from {files[0]}: {err}") from None
+        xs.append(x)
+        ys.append(y)
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if name == "EMNIST" and emnist_split == "letters":
+        y = y - 1
+    shape, classes = info(name, emnist_split)
+    if x.shape[1:] != shape:
+        raise DataError(f"{name} under {root} has images {x.shape[1:]}, torchvision's are {shape}")
+    if len(y) and (y.min() < 0 or y.max() >= classes):
+        raise DataError(f"{name} under {root} has labels {int(y.min())}..{int(y.max())}, outside 0..{classes - 1}")
+    return x, y
+
+
+def load_torchvision(root: Path, name: str, emnist_split: str = "balanced") -> Pool:
+    """The pool of a torchvision data set from its files under ``root``, standardized per channel."""
+    x, y = load(root, name, emnist_split)
+    return Pool(_normalize(_unit(x)), torch.from_numpy(y), info(name, emnist_split)[1])

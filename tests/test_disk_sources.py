@@ -1,0 +1,199 @@
+"""Data sets from disk in torchvision's and Hugging Face's formats (tiny files written here), read
+without a network: what pflower pools equals the files (and torchvision's own reading of them),
+clear errors for missing files, wrong layouts and unknown columns, and a run on each source."""
+
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+from conftest import in_process_rounds, run_config
+from data_files import hf_dataset, write_cifar100, write_idx_family, write_svhn, write_usps
+
+from pflower.config import ConfigError, load_settings
+from pflower.datasets.federated import load_pool
+from pflower.datasets.sources import DataError, Source, _normalize, _unit
+from pflower.datasets.torchvision_files import load
+
+#: torchvision's name -> writer of its files (the root torchvision is given): n images per split
+#: with labels cycling through ``classes``.
+WRITERS = {
+    "FashionMNIST": lambda root, **kw: write_idx_family(root, "FashionMNIST", **kw),
+    "KMNIST": lambda root, **kw: write_idx_family(root, "KMNIST", gz=True, **kw),
+    "EMNIST": lambda root, **kw: write_idx_family(root, "EMNIST", **{"classes": 47, **kw}),
+    "SVHN": write_svhn,
+    "CIFAR100": write_cifar100,
+    "USPS": write_usps,
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_torchvision_files_read_as_written_and_as_torchvision_reads_them(tmp_path, monkeypatch, name):
+    """pflower's reader gives the files' images and labels, the same as torchvision's dataset
+    class on the same files (its checksum test, which tiny files cannot pass, switched off)."""
+    import torchvision.datasets as tv
+    from torchvision.datasets import cifar, svhn
+
+    x, y = WRITERS[name](tmp_path)
+    got_x, got_y = load(tmp_path, name)
+    assert np.array_equal(got_x, x) and np.array_equal(got_y, y)
+    monkeypatch.setattr(svhn, "check_integrity", lambda *a, **k: True)
+    monkeypatch.setattr(cifar, "check_integrity", lambda *a, **k: True)
+    if name == "SVHN":
+        theirs = tv.SVHN(str(tmp_path), split="test", download=False)
+        data, targets = theirs.data, theirs.labels
+    else:
+        kwargs = {"split": "balanced"} if name == "EMNIST" else {}
+        if name == "KMNIST":  # torchvision reads the raw files unzipped
+            for gz in (tmp_path / "KMNIST" / "raw").glob("*.gz"):
+                import gzip
+
+                gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        theirs = getattr(tv, name)(str(tmp_path), train=False, download=False, **kwargs)
+        data, targets = np.asarray(theirs.data), np.asarray(theirs.targets)
+        data = data.transpose(0, 3, 1, 2) if data.ndim == 4 else data[:, None]
+        if name == "EMNIST":  # torchvision keeps EMNIST's stored (transposed) orientation
+            data = data.transpose(0, 1, 3, 2)
+    n = len(targets)
+    assert np.array_equal(got_x[-n:], data) and np.array_equal(got_y[-n:], targets)
+
+
+def test_emnist_letters_are_numbered_from_zero(tmp_path):
+    x, y = write_idx_family(tmp_path, "EMNIST", classes=26, split="letters")
+    pool = load_pool(Source("torchvision", str(tmp_path), torchvision_name="EMNIST", emnist_split="letters"))
+    assert pool.num_classes == 26 and pool.y.tolist() == y.tolist() and min(y) == 0
+
+
+def test_pool_is_standardized_like_the_other_sources(tmp_path):
+    x, _ = write_usps(tmp_path)
+    pool = load_pool(Source("torchvision", str(tmp_path), torchvision_name="USPS"))
+    assert torch.equal(pool.x, _normalize(_unit(x)))
+
+
+def test_missing_files_and_wrong_layout_name_what_torchvision_keeps_where(tmp_path):
+    cfg = run_config(dataset="torchvision", torchvision_name="FashionMNIST", data_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"'data-dir'.*FashionMNIST/raw/train-images-idx3-ubyte"):
+        load_settings(cfg)
+    write_idx_family(tmp_path / "flat", "FashionMNIST")  # the raw files straight in data-dir: not torchvision's layout
+    for f in (tmp_path / "flat" / "FashionMNIST" / "raw").iterdir():
+        f.rename(tmp_path / f.name)
+    with pytest.raises(ConfigError, match="no FashionMNIST files in torchvision's layout"):
+        load_settings(cfg)
+    with pytest.raises(ConfigError, match="'emnist-split' = 'letters'.*only for dataset 'torchvision' with torchvision-name 'EMNIST'"):
+        load_settings({**cfg, "emnist-split": "letters"})
+
+
+def test_damaged_files_name_the_file(tmp_path):
+    write_svhn(tmp_path)
+    (tmp_path / "train_32x32.mat").write_bytes(b"not a mat file")
+    with pytest.raises(DataError, match="train_32x32.mat"):
+        load(tmp_path, "SVHN")
+    write_idx_family(tmp_path, "KMNIST")
+    path = tmp_path / "KMNIST" / "raw" / "t10k-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-50])
+    with pytest.raises(DataError, match="t10k-images-idx3-ubyte is truncated"):
+        load(tmp_path, "KMNIST")
+
+
+@pytest.fixture(scope="module")
+def hf_files(tmp_path_factory):
+    """One small data set saved by ``save_to_disk`` (as a DatasetDict of two splits) and as parquet."""
+    import datasets
+
+    root = tmp_path_factory.mktemp("hf")
+    ds, x, y = hf_dataset(n=60)
+    datasets.DatasetDict({"train": ds.select(range(40)), "test": ds.select(range(40, 60))}).save_to_disk(str(root / "disk"))
+    (root / "parquet").mkdir()
+    ds.select(range(40)).to_parquet(str(root / "parquet" / "part-0.parquet"))
+    ds.select(range(40, 60)).to_parquet(str(root / "parquet" / "part-1.parquet"))
+    return root, x, y, ds
+
+
+@pytest.mark.parametrize("kind", ["disk", "parquet"])
+def test_huggingface_on_disk_offline(hf_files, monkeypatch, kind):
+    """Every split (parquet: every file, by name) pooled, in order; read with Hugging Face's offline mode on and every socket
+    connection refused."""
+    from pflower.datasets import huggingface
+
+    root, x, y, _ = hf_files
+    huggingface.open_dataset.cache_clear()
+
+    def no_network(*args, **kwargs):
+        raise OSError("network is unreachable (test)")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    path = root / kind if kind == "disk" else root / "parquet"
+    pool = load_pool(Source("huggingface", str(path), id_column="writer"))
+    assert os.environ["HF_DATASETS_OFFLINE"] == "1" and os.environ["HF_HUB_OFFLINE"] == "1"
+    import datasets
+
+    assert datasets.config.HF_DATASETS_OFFLINE and datasets.config.HF_HUB_OFFLINE
+    assert torch.equal(pool.x, _normalize(_unit(x)))
+    assert pool.y.tolist() == y.tolist() and pool.num_classes == 10
+    assert pool.ids.tolist() == [f"w{i % 3}" for i in range(60)]
+
+
+def test_huggingface_plain_labels_and_array_images(tmp_path):
+    """Labels without a ClassLabel are numbered by their sorted values; images may be arrays."""
+    import datasets
+
+    images = np.random.default_rng(0).random((9, 6, 6, 3)).astype(np.float32)
+    ds = datasets.Dataset.from_dict({"pixels": images.tolist(), "animal": ["dog", "cat", "emu"] * 3})
+    ds.save_to_disk(str(tmp_path / "d"))
+    s = load_settings(run_config(dataset="huggingface", data_dir=str(tmp_path / "d"), hf_image_column="pixels", hf_label_column="animal", partition="iid"))
+    assert s.image_shape == (3, 6, 6) and s.num_classes == 3
+    pool = load_pool(s.source)
+    assert pool.y.tolist() == [1, 0, 2] * 3  # cat, dog, emu
+    assert torch.allclose(pool.x, _normalize(images.transpose(0, 3, 1, 2).copy()))
+
+
+def test_huggingface_errors_name_the_key(hf_files, tmp_path):
+    root, *_ = hf_files
+    cfg = run_config(dataset="huggingface", data_dir=str(root / "disk"), partition="iid")
+    with pytest.raises(ConfigError, match="'hf-label-column' = 'digit'.*no column 'digit'; its columns: image, label, writer"):
+        load_settings({**cfg, "hf-label-column": "digit"})
+    with pytest.raises(ConfigError, match="'natural-id-column' = 'user'.*no column 'user'"):
+        load_settings({**cfg, "partition": "natural-id", "natural-id-column": "user"})
+    with pytest.raises(ConfigError, match="'data-dir'.*does not exist"):
+        load_settings({**cfg, "data-dir": str(tmp_path / "nothing")})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="neither a save_to_disk folder.*nor a .parquet file"):
+        load_settings({**cfg, "data-dir": str(tmp_path / "empty")})
+    with pytest.raises(ConfigError, match="'natural-id-column'.*needs the column"):
+        load_settings({**cfg, "partition": "natural-id"})
+    with pytest.raises(ConfigError, match="'hf-image-column' = 'img'.*only for dataset 'huggingface'"):
+        load_settings(run_config(hf_image_column="img"))
+
+
+def _source(tmp_path, name: str) -> dict:
+    """Run-config keys of a small fixture of source ``name`` written under ``tmp_path``."""
+    if name.startswith("hf-"):
+        ds, *_ = hf_dataset(n=60)
+        path = tmp_path / "hf"
+        ds.save_to_disk(str(path)) if name == "hf-disk" else ds.to_parquet(str(path := tmp_path / "hf.parquet"))
+        return {"dataset": "huggingface", "data-dir": str(path), "partition": "natural-id", "natural-id-column": "writer"}
+    WRITERS[name](tmp_path, n=30, classes=3)  # 20 samples a client: 2 of each class to test on
+    return {"dataset": "torchvision", "torchvision-name": name, "data-dir": str(tmp_path), "partition": "iid"}
+
+
+@pytest.mark.parametrize("name", [*sorted(WRITERS), "hf-disk", "hf-parquet"])
+def test_a_run_on_each_source(tmp_path, monkeypatch, name):
+    """Two rounds of FedAvg, 3 clients in process, on each new source, with every socket
+    connection refused: the server builds the model from the keys alone (torchvision) or the
+    set's first image (Hugging Face)."""
+    cfg = {**run_config(method="fedavg", num_server_rounds=2, local_epochs=1), **_source(tmp_path, name)}
+
+    def no_network(*args, **kwargs):
+        raise OSError("network is unreachable (test)")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    rows = in_process_rounds(cfg, tmp_path / "run")
+    doc = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [r["round"] for r in rows] == [1, 2] and all(0 <= r["accuracy"] <= 1 for r in rows)
+    assert sum(sum(c) for c in doc["client-label-counts"].values()) == 60
+    if name.startswith("hf-"):  # one writer per client: its domain
+        assert doc["client-domains"] == {"0": "w0", "1": "w1", "2": "w2"}
