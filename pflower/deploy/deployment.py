@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from pflower.deploy import warm
 from pflower.deploy.certificates import make_pki, node_key
 from pflower.deploy.netns import Network, remove_network
 from pflower.launcher import flower_env, submit
@@ -23,6 +26,9 @@ CONNECTION = "pflower-deploy"
 #: API, the ``flwr`` CLI and the executors the HTTP API; the gRPC Control API is bound too.
 NETNS_PORTS = {"fleet": 9092, "api": 8000, "control": 9093}
 STATE_FILE = "deployment.json"
+#: What a warm node's fork server imports: Flower's defaults (numpy, torch, Flower) and pydantic,
+#: which pflower's ClientApp imports next (third-party; pflower itself loads from the FAB).
+WARM_PRELOAD = (*warm.PRELOAD, "pydantic")
 
 
 def visible_gpus(env: dict[str, str]) -> list[str]:
@@ -39,10 +45,13 @@ class Deployment:
     """A SuperLink and ``nodes`` SuperNodes; use as a context manager or call start()/stop()."""
 
     def __init__(self, workdir: Path, nodes: int = 3, tls: bool = True, auth: bool = True, netns: bool = False,
-                 node_config: dict[int, str] | None = None, node_data: Sequence[Path] = (), hide: Sequence[Path] = ()):  # fmt: skip
+                 node_config: dict[int, str] | None = None, node_data: Sequence[Path] = (), hide: Sequence[Path] = (),
+                 warm: bool | Collection[int] = False):  # fmt: skip
         """``node_data``: SuperNode i's own data folder (``data-dir`` in its node config, for
         ``dataset='node'``); ``hide``: folders the SuperLink, and the ServerApp it starts, must not
-        see (an empty tmpfs over each in a mount namespace of their own; root only)."""
+        see (an empty tmpfs over each in a mount namespace of their own; root only); ``warm``:
+        every SuperNode (True) or those whose index is listed runs its ClientApps from a fork
+        server (:mod:`pflower.deploy.warm`), the others start a fresh process per message."""
         if auth and not tls:
             raise ValueError("SuperNode authentication needs TLS")
         if hide and os.geteuid() != 0:
@@ -59,6 +68,10 @@ class Deployment:
         self.procs: dict[str, subprocess.Popen] = {}
         self.node_ids: dict[int, str] = {}  # SuperNode i -> its registered node id (with authentication)
         self.ports = dict(NETNS_PORTS) if netns else {k: free_port() for k in NETNS_PORTS}
+        self._short_warm: Path | None = None
+        self.warm = set(range(nodes)) if warm is True else set(warm or ())
+        if bad := sorted(i for i in self.warm if not isinstance(i, int) or i < 0):
+            raise ValueError(f"warm lists {bad}: give True, False or SuperNode indices (0, 1, ...)")
 
     # where things are
     @property
@@ -75,6 +88,15 @@ class Deployment:
         """SuperNode ``i``'s environment: it sees one GPU, the i-th round robin (none without GPUs)."""
         gpus = visible_gpus(self._env())
         return {**self._env(), "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else self._env()
+
+    def warm_dir(self, name: str) -> Path:
+        """The private folder (mode 0700) of SuperNode process ``name``'s fork server: its shim and socket."""
+        base = self.dir / "warm"
+        if len(os.fsencode(base / name / "server.sock")) > warm.MAX_SOCKET_PATH:  # a Unix socket's path is short
+            if self._short_warm is None:
+                self._short_warm = Path(tempfile.mkdtemp(prefix="pflower-warm-"))
+            base = self._short_warm
+        return base / name
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``cmd`` as process ``name``; ``<host>-<suffix>`` runs in host's namespace."""
@@ -129,6 +151,8 @@ class Deployment:
         self.procs.clear()
         if self.net:
             self.net.down()
+        if self._short_warm is not None:
+            shutil.rmtree(self._short_warm, ignore_errors=True)
         if (self.dir / STATE_FILE).exists():
             (self.dir / STATE_FILE).unlink()
 
@@ -229,7 +253,10 @@ class Deployment:
         cmd += ["--root-certificates", str(pki / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:
             cmd += ["--auth-supernode-private-key", str(key or pki / "keys" / f"node{i}")]
-        return self._spawn(name or f"node{i}", cmd, self.node_env(i))
+        name = name or f"node{i}"
+        if i in self.warm:  # the wrapper starts the fork server beside the SuperNode (in its namespace, its process group)
+            cmd = [sys.executable, warm.__file__, "run", "--dir", str(self.warm_dir(name)), "--preload", ",".join(WARM_PRELOAD), "--", *cmd]
+        return self._spawn(name, cmd, self.node_env(i))
 
     def restart_node(self, i: int, timeout: float = 240) -> subprocess.Popen:
         """Start crashed SuperNode ``i`` again, as a supervisor would; returns once it is back.
