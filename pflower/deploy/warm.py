@@ -168,6 +168,14 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
 
 
+def _other_netns(pid: int) -> bool:
+    """Whether process ``pid`` is in another network namespace than this one (False if unreadable)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
 def _prctl(option: int, arg) -> None:
     import ctypes
 
@@ -186,6 +194,7 @@ class ForkServer:
         self.children: dict[int, socket.socket | None] = {}  # child pid -> its shim's connection
         self.buffers: dict[int, bytes] = {}
         self.stopping = False
+        self.forked = 0
         self.entry_ref = entry  # "module:function"; empty: Flower's flwr-clientapp console script
         self.entry = None
         self.real = None
@@ -223,7 +232,7 @@ class ForkServer:
     def status(self) -> dict:
         torch = sys.modules.get("torch")
         return {"pid": os.getpid(), "threads": len(os.listdir("/proc/self/task")), "entry": getattr(self, "entry_ref", None),
-                "preload": list(self.preload), "children": sorted(self.children),
+                "preload": list(self.preload), "children": sorted(self.children), "forked": self.forked,
                 "pflower-loaded": any(m == "pflower" or m.startswith("pflower.") for m in sys.modules),
                 "cuda-initialized": bool(torch and torch.cuda.is_initialized())}  # fmt: skip
 
@@ -273,22 +282,22 @@ class ForkServer:
             if uid != os.geteuid():
                 _send_line(conn, {"error": f"refused: the shim runs as uid {uid}, the fork server as uid {os.geteuid()}"})
                 return conn.close()
-            with contextlib.suppress(OSError):  # a child must reach the node's loopback: same network namespace
-                if os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net"):
-                    _send_line(conn, {"error": "refused: the shim runs in another network namespace than the fork server"})
-                    return conn.close()
             conn.settimeout(10)
             request, fds = recv_request(conn)
             if request.get("op") == "status":
                 _send_line(conn, self.status())
-                return conn.close()
+                raise ConnectionAbortedError("answered")
+            if _other_netns(pid):  # a child must reach the node's loopback
+                _send_line(conn, {"error": "refused: the shim runs in another network namespace than the fork server"})
+                raise ConnectionAbortedError("another network namespace")
             if len(fds) != 3 or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
                 _send_line(conn, {"error": f"bad request: {len(fds)} fds, keys {sorted(request)}"})
                 return conn.close()
         except (OSError, ValueError, ConnectionError) as err:
             for fd in fds:
                 os.close(fd)
-            _log(f"dropped a request: {err}")
+            if not isinstance(err, ConnectionAbortedError):
+                _log(f"dropped a request: {err}")
             return conn.close()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -301,6 +310,7 @@ class ForkServer:
         for fd in fds:
             os.close(fd)
         self.children[child] = conn
+        self.forked += 1
         conn.settimeout(None)
         if _send_line(conn, {"pid": child}):
             self.sel.register(conn, selectors.EVENT_READ, child)
@@ -508,8 +518,9 @@ def shim() -> int:
 
 
 # ------------------------------------------------------------------------- the node wrapper
-def _start_server(sock: Path, preload: tuple[str, ...], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve", "--socket", str(sock), "--preload", ",".join(preload)], env=env)
+def _start_server(sock: Path, preload: tuple[str, ...], entry: str, env: dict[str, str]) -> subprocess.Popen:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--socket", str(sock), "--preload", ",".join(preload)]
+    return subprocess.Popen(cmd + (["--entry", entry] if entry else []), env=env)
 
 
 def _stop_process(proc: subprocess.Popen, timeout: float = 5) -> None:
@@ -522,7 +533,7 @@ def _stop_process(proc: subprocess.Popen, timeout: float = 5) -> None:
             proc.wait()
 
 
-def run(folder: Path, cmd: list[str], preload: tuple[str, ...] = PRELOAD) -> int:
+def run(folder: Path, cmd: list[str], preload: tuple[str, ...] = PRELOAD, entry: str = "") -> int:
     """Run ``cmd`` (a SuperNode, or a ``flower-superexec``) with a fork server beside it: the shim
     first on its ``PATH`` (``folder/bin``), the server on ``folder/server.sock``, started again if
     it dies (at most 5 times a minute; after that the node goes on cold). Signals are passed to
@@ -530,7 +541,7 @@ def run(folder: Path, cmd: list[str], preload: tuple[str, ...] = PRELOAD) -> int
     folder = private_dir(Path(folder).resolve())
     sock = socket_path(folder)
     env = {**os.environ, "PATH": f"{write_shim(folder / 'bin').parent}{os.pathsep}{os.environ.get('PATH', '')}", ENV_SOCKET: str(sock)}
-    server = _start_server(sock, preload, env)
+    server = _start_server(sock, preload, entry, env)
     try:
         node = subprocess.Popen(cmd, env=env)
     except OSError:
@@ -550,7 +561,7 @@ def run(folder: Path, cmd: list[str], preload: tuple[str, ...] = PRELOAD) -> int
             if len(restarts) < 5:
                 _log(f"the fork server exited ({server.returncode}); starting it again")
                 restarts.append(time.monotonic())
-                server = _start_server(sock, preload, env)
+                server = _start_server(sock, preload, entry, env)
             else:
                 _log("the fork server exited 5 times within a minute; this node's ClientApps start cold from now on")
     _stop_process(server)
@@ -573,13 +584,12 @@ def _preload(text: str) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     """``pflower-warm``: ``run`` a node with a fork server, ``serve`` one, ``status`` of one, or ``shim``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["serve"] and "pflower" in sys.modules:  # the console script imported pflower: serve from a clean interpreter
-        os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv])
     p = argparse.ArgumentParser(prog="pflower-warm", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run CMD (a SuperNode or flower-superexec) with a fork server for its ClientApps")
     r.add_argument("--dir", type=Path, required=True, help="the node's private folder (mode 0700): shim and socket")
     r.add_argument("--preload", type=_preload, default=PRELOAD, help=f"modules the server imports, comma-separated (default: {','.join(PRELOAD)})")
+    r.add_argument("--entry", default="", help="module:function each child calls (default: Flower's flwr-clientapp entry point)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     s = sub.add_parser("serve", help="run a fork server (pflower-warm run starts one)")
     s.add_argument("--socket", type=Path, required=True)
@@ -597,8 +607,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             if not cmd:
                 p.error("run: give the command to wrap after --, e.g. pflower-warm run --dir D -- flower-supernode ...")
-            return run(args.dir, cmd, args.preload)
+            return run(args.dir, cmd, args.preload, args.entry)
         if args.command == "serve":
+            if "pflower" in sys.modules:  # the console script imported pflower: serve from a clean interpreter
+                os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv])
             return serve(args.socket, args.preload, args.entry)
         print(json.dumps(server_status(args.socket)))
         return 0
