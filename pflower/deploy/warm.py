@@ -547,8 +547,15 @@ def run(folder: Path, cmd: list[str], preload: tuple[str, ...] = PRELOAD, entry:
     except OSError:
         _stop_process(server)
         raise
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)  # a stop signal reaches the whole group: the server's exit is no crash then
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.pid, signum)  # not send_signal: it may reap the node behind waitpid's back
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: os.kill(node.pid, signum))  # not send_signal: it may reap the node
+        signal.signal(sig, forward)
     restarts: list[float] = []
     while True:
         pid, status = os.waitpid(-1, 0)
@@ -558,6 +565,8 @@ def run(folder: Path, cmd: list[str], preload: tuple[str, ...] = PRELOAD, entry:
         if pid == server.pid:
             server.returncode = os.waitstatus_to_exitcode(status)
             restarts = [t for t in restarts if t > time.monotonic() - 60]
+            if stopping:
+                continue
             if len(restarts) < 5:
                 _log(f"the fork server exited ({server.returncode}); starting it again")
                 restarts.append(time.monotonic())
