@@ -179,6 +179,15 @@ def test_a_dead_server_takes_its_children_and_later_shims_go_cold(node, tmp_path
     assert "no fork server at" in cold.stderr and "(cold)" in cold.stderr
 
 
+def test_a_node_switched_cold_runs_the_real_command_until_switched_back(node, tmp_path):
+    warm.switch(node.sock.parent, False)
+    cold = node.run("report", "x")
+    assert cold.returncode == 3 and "switched cold" in cold.stderr
+    warm.switch(node.sock.parent, True)
+    assert node.run("report", str(tmp_path / "r.json"), input="\n").returncode == 0
+    assert _status(node.sock)["forked"] == 1
+
+
 def test_without_a_server_the_shim_execs_the_real_command(tmp_path):
     shim = warm.write_shim(tmp_path / "bin")
     fake = tmp_path / "real"

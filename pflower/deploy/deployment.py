@@ -26,6 +26,9 @@ CONNECTION = "pflower-deploy"
 #: API, the ``flwr`` CLI and the executors the HTTP API; the gRPC Control API is bound too.
 NETNS_PORTS = {"fleet": 9092, "api": 8000, "control": 9093}
 STATE_FILE = "deployment.json"
+#: How often a SuperNode's SuperExec asks it for a new message to run (Flower's default: 1 s).
+POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+NODE_POLL_INTERVAL: float | None = None
 #: What a warm node's fork server imports: Flower's defaults (numpy, torch, Flower) and pydantic,
 #: which pflower's ClientApp imports next (third-party; pflower itself loads from the FAB).
 WARM_PRELOAD = (*warm.PRELOAD, "pydantic")
@@ -46,12 +49,14 @@ class Deployment:
 
     def __init__(self, workdir: Path, nodes: int = 3, tls: bool = True, auth: bool = True, netns: bool = False,
                  node_config: dict[int, str] | None = None, node_data: Sequence[Path] = (), hide: Sequence[Path] = (),
-                 warm: bool | Collection[int] = False):  # fmt: skip
+                 warm: bool | Collection[int] = False, poll_interval: float | None = NODE_POLL_INTERVAL):  # fmt: skip
         """``node_data``: SuperNode i's own data folder (``data-dir`` in its node config, for
         ``dataset='node'``); ``hide``: folders the SuperLink, and the ServerApp it starts, must not
         see (an empty tmpfs over each in a mount namespace of their own; root only); ``warm``:
         every SuperNode (True) or those whose index is listed runs its ClientApps from a fork
-        server (:mod:`pflower.deploy.warm`), the others start a fresh process per message."""
+        server (:mod:`pflower.deploy.warm`), the others start a fresh process per message;
+        ``poll_interval``: seconds between a SuperNode's SuperExec's looks for a new message
+        (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; None: Flower's default, 1 s)."""
         if auth and not tls:
             raise ValueError("SuperNode authentication needs TLS")
         if hide and os.geteuid() != 0:
@@ -69,6 +74,9 @@ class Deployment:
         self.node_ids: dict[int, str] = {}  # SuperNode i -> its registered node id (with authentication)
         self.ports = dict(NETNS_PORTS) if netns else {k: free_port() for k in NETNS_PORTS}
         self._short_warm: Path | None = None
+        if poll_interval is not None and not 0.01 <= poll_interval <= 60:
+            raise ValueError(f"poll_interval is {poll_interval}; Flower allows 0.01 to 60 seconds")
+        self.poll_interval = poll_interval
         self.warm = set(range(nodes)) if warm is True else set(warm or ())
         if bad := sorted(i for i in self.warm if not isinstance(i, int) or i < 0):
             raise ValueError(f"warm lists {bad}: give True, False or SuperNode indices (0, 1, ...)")
@@ -86,8 +94,17 @@ class Deployment:
 
     def node_env(self, i: int) -> dict[str, str]:
         """SuperNode ``i``'s environment: it sees one GPU, the i-th round robin (none without GPUs)."""
-        gpus = visible_gpus(self._env())
-        return {**self._env(), "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else self._env()
+        env = self._env()
+        if self.poll_interval is not None:
+            env[POLL_ENV] = str(self.poll_interval)
+        gpus = visible_gpus(env)
+        return {**env, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else env
+
+    def switch_warm(self, on: bool) -> None:
+        """Switch every warm SuperNode cold (``on=False``: each message a fresh ``flwr-clientapp``
+        again, through the shim) or back warm, without restarting it (:func:`warm.switch`)."""
+        for i in self.warm:
+            warm.switch(self.warm_dir(f"node{i}"), on)
 
     def warm_dir(self, name: str) -> Path:
         """The private folder (mode 0700) of SuperNode process ``name``'s fork server: its shim and socket."""
@@ -255,7 +272,8 @@ class Deployment:
             cmd += ["--auth-supernode-private-key", str(key or pki / "keys" / f"node{i}")]
         name = name or f"node{i}"
         if i in self.warm:  # the wrapper starts the fork server beside the SuperNode (in its namespace, its process group)
-            cmd = [sys.executable, warm.__file__, "run", "--dir", str(self.warm_dir(name)), "--preload", ",".join(WARM_PRELOAD), "--", *cmd]
+            folder = warm.private_dir(self.warm_dir(name))  # made here too: it exists once start() returns
+            cmd = [sys.executable, warm.__file__, "run", "--dir", str(folder), "--preload", ",".join(WARM_PRELOAD), "--", *cmd]
         return self._spawn(name, cmd, self.node_env(i))
 
     def restart_node(self, i: int, timeout: float = 240) -> subprocess.Popen:

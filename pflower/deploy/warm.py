@@ -50,6 +50,9 @@ PRELOAD = ("numpy", "torch", "flwr.app", "flwr.clientapp")
 #: In the first bytes of every shim file: how a shim tells itself from the real command.
 MARKER = b"pflower-warm-shim"
 SOCKET_NAME = "server.sock"
+#: A file of this name beside the socket switches the node cold at run time (the shim goes
+#: straight to the real command) until it is removed: :func:`switch`.
+COLD_FLAG = "cold"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 HEADER = struct.Struct("!I")
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
@@ -455,6 +458,16 @@ def server_status(path: Path, timeout: float = 5) -> dict:
         return json.loads(sock.makefile("rb").readline())
 
 
+def switch(folder: Path, warm: bool) -> None:
+    """Switch the node whose fork server lives in ``folder`` warm or cold for its next messages,
+    without a restart (cold: the shim execs the real command, and says so on stderr)."""
+    flag = Path(folder) / COLD_FLAG
+    if warm:
+        flag.unlink(missing_ok=True)
+    else:
+        flag.touch()
+
+
 # ------------------------------------------------------------------------------------ shim
 def _fallback(why: str) -> int:
     """Exec the real ``flwr-clientapp`` with this shim's argv (the cold path)."""
@@ -483,6 +496,8 @@ def shim() -> int:
     path = os.environ.get(ENV_SOCKET)
     if not path:
         return _fallback(f"{ENV_SOCKET} is not set")
+    if os.path.exists(os.path.join(os.path.dirname(path), COLD_FLAG)):
+        return _fallback(f"this node is switched cold ({os.path.join(os.path.dirname(path), COLD_FLAG)} exists)")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -590,9 +605,8 @@ def _preload(text: str) -> tuple[str, ...]:
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``pflower-warm``: ``run`` a node with a fork server, ``serve`` one, ``status`` of one, or ``shim``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parser() -> argparse.ArgumentParser:
+    """``pflower-warm``'s arguments."""
     p = argparse.ArgumentParser(prog="pflower-warm", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run CMD (a SuperNode or flower-superexec) with a fork server for its ClientApps")
@@ -607,9 +621,16 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="what a fork server reports of itself, as JSON")
     st.add_argument("--socket", type=Path, required=True)
     sub.add_parser("shim", help="act as flwr-clientapp (what the written shim runs)", add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``pflower-warm``: ``run`` a node with a fork server, ``serve`` one, ``status`` of one, or ``shim``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["shim"]:
         sys.argv = [sys.argv[0], *argv[1:]]
         return shim()
+    p = parser()
     args = p.parse_args(argv)
     try:
         if args.command == "run":
