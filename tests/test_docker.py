@@ -97,6 +97,11 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
     }
     assert {n: v for n, v in data.items() if v} == {executors[node]: [f"./node-data/node{i}:/app/data:ro"] for i, node in enumerate(nodes)}
     assert all(services[executors[node]]["environment"]["PFLOWER_CACHE"].startswith("/app/state/") for node in nodes)
+    # the nodes' executors poll their SuperNode as pflower-deploy's do; the ServerApp's keeps Flower's 1 s (it waits once per run)
+    from pflower.deploy.deployment import NODE_POLL_INTERVAL, POLL_ENV
+
+    assert all(float(services[executors[node]]["environment"][POLL_ENV]) == NODE_POLL_INTERVAL for node in nodes)
+    assert POLL_ENV not in services["serverapp"].get("environment", {})
     # the executor image is built by one service and used by every executor
     builders = [n for n, svc in services.items() if "build" in svc]
     assert builders == ["serverapp"] and services["serverapp"]["build"]["dockerfile"] == "docker/Dockerfile"
