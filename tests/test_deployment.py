@@ -1,6 +1,12 @@
 """Real deployment: a SuperLink and 3 SuperNodes, each in its own network namespace (veth +
 bridge), with TLS and SuperNode authentication; an unregistered node; a node that crashes and
-comes back while another one's ClientApp returns wrong shapes."""
+comes back while another one's ClientApp returns wrong shapes.
+
+Warm and cold at once, without running anything twice: in the shared deployment nodes 0 and 1
+are warm (each message's ClientApp forked from the node's fork server, pflower.deploy.warm) and
+node 2 and the added node 3 are cold (Flower's fresh process per message), so every run mixes
+both paths and FedeRiCo's equality with the in-process run holds for each; in the crash test
+every node is warm, and the killed node's fork server dies and comes back with it."""
 
 import json
 import os
@@ -14,6 +20,7 @@ from conftest import MNIST_DIR, ROOT, faulty_app, run_config
 from pflower.datasets.node import parse_groups, write_node_folders
 from pflower.deploy import Deployment
 from pflower.deploy.certificates import node_key
+from pflower.deploy.warm import server_status as warm_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2")]
 #: The deployment tests share one worker and one deployment; the crash test has a deployment and
@@ -25,10 +32,19 @@ DEPLOYMENT = pytest.mark.xdist_group("deployment")
 NODE_CLASSES = parse_groups("0-3/4-6/7-9")
 
 
-def _deployment(tmp_path_factory, node_data=(), hide=()) -> Deployment:
+def _deployment(tmp_path_factory, node_data=(), hide=(), warm=True) -> Deployment:
     # Node 2 misbehaves when the run's ClientApp is tests/faulty_client.py; pflower's own ignores the key.
     return Deployment(tmp_path_factory.mktemp("deploy"), nodes=3, netns=True, node_config={2: 'fault="wrong-shape"'},
-                      node_data=node_data, hide=hide)  # fmt: skip
+                      node_data=node_data, hide=hide, warm=warm)  # fmt: skip
+
+
+def assert_warm(dep: Deployment, name: str, starts: int = 1) -> None:
+    """SuperNode process ``name``'s ClientApps were forked by its fork server (started at least
+    ``starts`` times): none went cold, and the server has pflower and CUDA unloaded."""
+    log = dep.log(name)
+    assert log.count("fork server ready") >= starts and "pflower-warm shim:" not in log, log[-3000:]
+    status = warm_status(dep.warm_dir(name) / "server.sock")
+    assert status["forked"] > 0 and not status["pflower-loaded"] and not status["cuda-initialized"], status
 
 
 @pytest.fixture(scope="session")  # per xdist worker: not torn down when the worker interleaves other modules
@@ -39,7 +55,7 @@ def deployment(tmp_path_factory):
     root = tmp_path_factory.mktemp("node-data")
     dirs = write_node_folders(MNIST_DIR, root, NODE_CLASSES, per_class=80) if MNIST_DIR.is_dir() else ()
     hide = [root] + ([MNIST_DIR.parent] if MNIST_DIR.is_dir() else [])
-    with _deployment(tmp_path_factory, dirs, hide) as dep:
+    with _deployment(tmp_path_factory, dirs, hide, warm={0, 1}) as dep:
         dep.node_data_root = root
         yield dep
 
@@ -73,6 +89,9 @@ def test_federico_gives_the_same_result_deployed_as_in_process(deployment, tmp_p
         assert a["per-client-accuracy"] == b["per-client-accuracy"]
         assert a["collaboration-weights"] == b["collaboration-weights"]
         assert a["relayed-bytes"] == b["relayed-bytes"]
+    for i in (0, 1):  # warm nodes: forked, never cold; node 2 cold: no fork server
+        assert_warm(deployment, f"node{i}")
+    assert "fork server" not in deployment.log("node2") and not deployment.warm_dir("node2").exists()
 
 
 @DEPLOYMENT
@@ -156,3 +175,8 @@ def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(
     assert resumed[4]["per-client-accuracy"]["0"] >= acc0 - 0.02  # no reset to an untrained model
     saved = crash_deployment.dir / "state" / "node0" / _metrics(first)["lineage"] / "client-0"
     assert "round-000005.pt" in {p.name for p in saved.iterdir()}  # its state went on in its state-dir
+    # warm: node 0's fork server was killed with it and started again with it; node 2's ClientApp
+    # raised nothing but sent wrong shapes through forked children; every node stayed warm
+    assert_warm(crash_deployment, "node0", starts=2)
+    for i in (1, 2):
+        assert_warm(crash_deployment, f"node{i}")

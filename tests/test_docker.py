@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
@@ -53,6 +54,7 @@ def _parser(image: str):
 COMPOSITIONS = {
     "compose.yml": lambda: _load("compose.yml"),
     "compose.yml + compose.tls.yml": lambda: _merge(_load("compose.yml"), _load("compose.tls.yml")),
+    "compose.yml + compose.tls.yml + compose.warm.yml": lambda: _merge(_merge(_load("compose.yml"), _load("compose.tls.yml")), _load("compose.warm.yml")),
 }
 
 
@@ -76,7 +78,7 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
         flags = {a for a in svc["command"] if a.startswith("--")}
         assert not (flags & SSL_FLAGS) or SSL_FLAGS <= flags, f"{svc_name}: Flower needs all three --ssl-* files"
         tls = "--insecure" not in flags
-        assert tls == (name != "compose.yml"), f"{svc_name}: insecure mode must be explicit, TLS in the TLS file"
+        assert tls == ("compose.tls.yml" in name), f"{svc_name}: insecure mode must be explicit, TLS in the TLS file"
         if image.startswith("flwr/supernode:"):
             cfg = parse_config_args([args.node_config])
             partitions.append(cfg["partition-id"])
@@ -95,6 +97,11 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
     }
     assert {n: v for n, v in data.items() if v} == {executors[node]: [f"./node-data/node{i}:/app/data:ro"] for i, node in enumerate(nodes)}
     assert all(services[executors[node]]["environment"]["PFLOWER_CACHE"].startswith("/app/state/") for node in nodes)
+    # the nodes' executors poll their SuperNode as pflower-deploy's do; the ServerApp's keeps Flower's 1 s (it waits once per run)
+    from pflower.deploy.deployment import NODE_POLL_INTERVAL, POLL_ENV
+
+    assert all(float(services[executors[node]]["environment"][POLL_ENV]) == NODE_POLL_INTERVAL for node in nodes)
+    assert POLL_ENV not in services["serverapp"].get("environment", {})
     # the executor image is built by one service and used by every executor
     builders = [n for n, svc in services.items() if "build" in svc]
     assert builders == ["serverapp"] and services["serverapp"]["build"]["dockerfile"] == "docker/Dockerfile"
@@ -128,6 +135,34 @@ def test_compose_services_are_consistent_and_flower_accepts_every_command(name):
     # one ClientApp executor per SuperNode
     dialed = sorted(s["command"][s["command"].index("--runtime-api-address") + 1] for s in services.values() if "--runtime-api-address" in s["command"])
     assert dialed == sorted(["superlink:8000", *(f"{n}:9094" for n in nodes)])
+
+
+@pytest.mark.parametrize("base", ["compose.yml", "compose.yml + compose.tls.yml"])
+def test_the_warm_override_wraps_every_clientapp_executor_and_nothing_else(base):
+    """compose.warm.yml: each ClientApp executor's flower-superexec (the image's entrypoint, with
+    the base files' command) runs under `pflower-warm run`, whose parser accepts the arguments;
+    it preloads what pflower-deploy --warm preloads; the ServerApp executor and Flower's own
+    images are untouched."""
+    from pflower.deploy import warm
+    from pflower.deploy.deployment import WARM_PRELOAD
+
+    plain = COMPOSITIONS[base]()
+    merged = _merge(plain, _load("compose.warm.yml"))
+    executors = sorted(n for n, svc in merged["services"].items() if "entrypoint" in svc)
+    assert executors == [f"clientapp-{i}" for i in range(3)]
+    for name in executors:
+        svc = merged["services"][name]
+        assert svc["command"] == plain["services"][name]["command"] and svc["environment"] == plain["services"][name]["environment"]
+        entry = svc["entrypoint"]
+        assert entry[:2] == ["pflower-warm", "run"] and entry[-2:] == ["--", "flower-superexec"]
+        folder = Path(entry[entry.index("--dir") + 1])
+        assert folder.parent == Path("/tmp") and len(str(warm.socket_path(folder))) <= warm.MAX_SOCKET_PATH
+        assert tuple(entry[entry.index("--preload") + 1].split(",")) == WARM_PRELOAD
+        args = warm.parser().parse_args([*entry[1:], *svc["command"]])  # argparse exits on an unknown flag
+        assert args.command == "run" and args.cmd[1:] == ["flower-superexec", *svc["command"]] and args.preload == WARM_PRELOAD
+    text = (DOCKER / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["flower-superexec"]' in text  # what the override's command after -- replaces
+    assert "pflower-warm" in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
 def test_dockerfile_installs_this_repository_on_the_pinned_flower_image():

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--netns", action="store_true", help="one network namespace per process (needs root)")
     up.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (prints a warning)")
     up.add_argument("--no-auth", action="store_true", help="TLS without SuperNode authentication")
+    up.add_argument("--warm", action="store_true",
+                    help="fork each message's ClientApp from a per-node server with torch, numpy and Flower imported (pflower.deploy.warm)")  # fmt: skip
     up.add_argument("--node-data", default="", help="comma-separated data folders, one per SuperNode: each node's own data (run with dataset='node')")
     up.add_argument("--format", default="imagefolder", help="the node data's format (node config 'format'): imagefolder, mnist, fashion-mnist, emnist")
     dn = sub.add_parser("down", help="stop a deployment started with up")
@@ -64,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--format is {args.format!r}; allowed: {', '.join(FORMATS)}")
     config = {i: f'format="{args.format}"' for i in range(len(node_data))}
     dep = Deployment(args.dir, args.nodes, tls=not args.insecure, auth=not (args.insecure or args.no_auth), netns=args.netns,
-                     node_config=config, node_data=node_data)  # fmt: skip
+                     node_config=config, node_data=node_data, warm=args.warm)  # fmt: skip
     dep.start()
-    print(f"SuperLink at {dep.link_address} (Fleet API :{dep.ports['fleet']}, HTTP API :{dep.ports['api']}), {args.nodes} SuperNodes")
+    warmth = ", warm (a fork server each)" if args.warm else ""
+    print(f"SuperLink at {dep.link_address} (Fleet API :{dep.ports['fleet']}, HTTP API :{dep.ports['api']}), {args.nodes} SuperNodes{warmth}")
     print(f"Submit a run:  FLWR_HOME={dep.flwr_home} flwr run . {CONNECTION} --stream")
     print(f"Stop:          pflower-deploy down --dir {args.dir}")
     return 0

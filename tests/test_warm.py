@@ -1,0 +1,353 @@
+"""Warm nodes (pflower/deploy/warm.py), without Flower processes: the shim/server protocol with a
+probe entry point instead of Flower's (exit status, output on the shim's own fds, argv, env and
+cwd, crashes, signals, a killed shim, a dead server, the cold fallback, private sockets, the
+wrapper's restarts), one server with the real preload (Flower's entry point runs, nothing of
+pflower or CUDA loaded, no extra thread), and the Flower 1.39.0 contract the shim relies on."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from pflower.deploy import warm
+
+WARM = Path(warm.__file__)
+VENV_BIN = str(Path(sys.executable).parent)
+
+PROBE = r"""
+import json, os, sys, time
+
+
+def main():
+    what, *rest = sys.argv[1:]
+    if what == "report":
+        print("out-line", flush=True)
+        print("err-line", file=sys.stderr, flush=True)
+        line = sys.stdin.readline().strip()
+        with open(rest[0], "w") as f:
+            json.dump({"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(),
+                       "pgid": os.getpgid(0), "stdin": line, "comm": open("/proc/self/comm").read().strip(),
+                       "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("pflower", "json", "numpy"))}, f)
+        print("echo:" + line)
+        sys.exit(int(rest[1]) if len(rest) > 1 else 0)
+    if what == "raise":
+        raise RuntimeError("the ClientApp failed")
+    if what == "segv":
+        import ctypes
+        ctypes.string_at(0)
+    if what == "sleep":
+        open(rest[0], "w").write(str(os.getpid()))
+        time.sleep(float(rest[1]))
+"""
+
+
+def _wait(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "Z"
+    return state != "Z"
+
+
+def _status(sock: Path) -> dict | None:
+    try:
+        return warm.server_status(sock, timeout=2)
+    except (OSError, ValueError):
+        return None
+
+
+class Node:
+    """A probe fork server (no preload: starts in a fraction of a second) and a shim beside it."""
+
+    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main"):
+        self.root = root
+        (root / "probe").mkdir(parents=True, exist_ok=True)
+        (root / "probe" / "warm_probe.py").write_text(PROBE)
+        self.sock = warm.socket_path(warm.private_dir(root / "node"))
+        self.shim = warm.write_shim(root / "bin")
+        self.fake = root / "cold"  # a stand-in for the real flwr-clientapp, next on PATH after the shim
+        self.fake.mkdir(exist_ok=True)
+        (self.fake / "flwr-clientapp").write_text('#!/bin/sh\necho "cold $*"\nexit 3\n')
+        (self.fake / "flwr-clientapp").chmod(0o755)
+        env = {**os.environ, "PYTHONPATH": str(root / "probe"), "PATH": f"{self.fake}:{os.environ['PATH']}"}
+        cmd = [sys.executable, str(WARM), "serve", "--socket", str(self.sock), "--preload", preload] + (["--entry", entry] if entry else [])
+        self.log = open(root / "server.log", "wb")
+        self.server = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        _wait(lambda: _status(self.sock) is not None or self.server.poll() is not None, 60, "the fork server")
+        assert self.server.poll() is None, (root / "server.log").read_text()
+
+    def env(self, **extra) -> dict[str, str]:
+        return {"PATH": f"{self.shim.parent}:{self.fake}:/usr/bin:/bin", warm.ENV_SOCKET: str(self.sock), **extra}
+
+    def run(self, *args, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("env", self.env())
+        return subprocess.run([str(self.shim), *args], capture_output=True, text=True, timeout=60, **kw)
+
+    def popen(self, *args) -> subprocess.Popen:
+        return subprocess.Popen([str(self.shim), *args], env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stop(self):
+        if self.server.poll() is None:
+            self.server.terminate()
+            self.server.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(tmp_path)
+    yield n
+    n.stop()
+
+
+def test_the_child_gets_the_shims_argv_env_cwd_and_fds_and_its_exit_status_comes_back(node, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = tmp_path / "report.json"
+    done = node.run("report", str(out), "7", cwd=work, input="hello\n", env=node.env(FOO="bar baz"))
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.splitlines() == ["out-line", "echo:hello"]  # the shim's own stdout, stdin and stderr
+    assert "err-line" in done.stderr and "pflower-warm" not in done.stderr
+    report = json.loads(out.read_text())
+    assert report["argv"][1:] == ["report", str(out), "7"] and report["argv"][0].endswith("/flwr-clientapp")
+    assert report["cwd"] == str(work) and report["stdin"] == "hello"
+    assert report["env"]["FOO"] == "bar baz" and report["env"][warm.ENV_SOCKET] == str(node.sock)
+    assert report["ppid"] == node.server.pid and report["pgid"] == report["pid"]  # forked by the server, a group of its own
+    assert report["comm"] == "flwr-clientapp"
+    assert not [m for m in report["modules"] if m.startswith("pflower")]
+    assert node.run("report", str(out), input="\n").returncode == 0
+    assert _status(node.sock)["forked"] == 2
+
+
+def test_crashing_children_leave_the_server_serving(node, tmp_path):
+    raised = node.run("raise")
+    assert raised.returncode == 1 and "RuntimeError: the ClientApp failed" in raised.stderr
+    segv = node.run("segv")
+    assert segv.returncode == -signal.SIGSEGV  # the shim dies of the child's signal, as the real command would
+    assert node.run("report", str(tmp_path / "r.json"), "0", input="\n").returncode == 0
+    assert node.server.poll() is None and _status(node.sock)["children"] == []
+
+
+def test_a_killed_shim_takes_its_child_with_it_and_signals_are_relayed(node, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    shim = node.popen("sleep", str(pidfile), "60")
+    _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+    child = int(pidfile.read_text())
+    shim.kill()
+    shim.wait(10)
+    _wait(lambda: not _alive(child), 10, "the child to die with its shim")
+
+    pidfile.unlink()
+    shim = node.popen("sleep", str(pidfile), "60")
+    _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+    child = int(pidfile.read_text())
+    shim.send_signal(signal.SIGTERM)
+    assert shim.wait(10) == -signal.SIGTERM
+    assert not _alive(child)
+    assert node.server.poll() is None
+
+
+def test_a_dead_server_takes_its_children_and_later_shims_go_cold(node, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    shim = node.popen("sleep", str(pidfile), "60")
+    _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+    child = int(pidfile.read_text())
+    node.server.kill()
+    node.server.wait(10)
+    out, err = shim.communicate(timeout=10)
+    assert shim.returncode == 1 and "went away during the message" in err
+    _wait(lambda: not _alive(child), 10, "the child to die with the server")
+    cold = node.run("report", "x")
+    assert cold.returncode == 3 and cold.stdout.strip() == "cold report x"
+    assert "no fork server at" in cold.stderr and "(cold)" in cold.stderr
+
+
+def test_a_node_switched_cold_runs_the_real_command_until_switched_back(node, tmp_path):
+    warm.switch(node.sock.parent, False)
+    cold = node.run("report", "x")
+    assert cold.returncode == 3 and "switched cold" in cold.stderr
+    warm.switch(node.sock.parent, True)
+    assert node.run("report", str(tmp_path / "r.json"), input="\n").returncode == 0
+    assert _status(node.sock)["forked"] == 1
+
+
+def test_without_a_server_the_shim_execs_the_real_command(tmp_path):
+    shim = warm.write_shim(tmp_path / "bin")
+    fake = tmp_path / "real"
+    fake.mkdir()
+    (fake / "flwr-clientapp").write_text('#!/bin/sh\necho "real $*"\nexit 4\n')
+    (fake / "flwr-clientapp").chmod(0o755)
+    path = f"{shim.parent}:{fake}:/usr/bin:/bin"
+    for env in ({"PATH": path}, {"PATH": path, warm.ENV_SOCKET: str(tmp_path / "none.sock")}):
+        done = subprocess.run([str(shim), "--token", "t"], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 4 and done.stdout == "real --token t\n"
+        assert f"starting {fake / 'flwr-clientapp'} (cold)" in done.stderr
+    assert warm.real_command(path) == str(fake / "flwr-clientapp") and warm.is_shim(shim)
+
+
+def test_the_servers_folder_is_private_and_the_socket_path_short(tmp_path):
+    folder = warm.private_dir(tmp_path / "a" / "node0")
+    assert folder.stat().st_mode & 0o777 == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    with pytest.raises(warm.WarmError, match="mode 755"):
+        warm.private_dir(open_dir)
+    with pytest.raises(warm.WarmError, match="at most 100"):
+        warm.socket_path(tmp_path / ("x" * 120))
+    with pytest.raises(SystemExit):
+        warm.main(["run", "--dir", str(open_dir), "--", "true"])
+    with pytest.raises(SystemExit):
+        warm.main(["serve", "--socket", str(folder / "s.sock"), "--preload", "torch,pflower.client_app"])
+    with pytest.raises(warm.WarmError, match="pflower"):
+        warm.ForkServer(folder / "s.sock", ("pflower",))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connects as another user")
+def test_the_server_refuses_other_users_and_other_network_namespaces(tmp_path):
+    root = Path(tempfile.mkdtemp(prefix="pflower-warm-test-"))  # outside pytest's root-only tmp tree
+    try:
+        n = Node(root)
+        root.chmod(0o755)
+        (root / "node").chmod(0o711)  # only for this test: let another uid reach the socket
+        n.sock.chmod(0o777)
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setuid(65534)
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(str(n.sock))
+                    try:  # the server may answer and close before it reads the request
+                        warm.send_request(s, {"argv": ["x"], "env": {}, "cwd": "/"}, [0, 1, 2])
+                    except OSError:
+                        pass
+                    os.write(writer, s.makefile("rb").readline())
+            except BaseException as err:
+                os.write(writer, json.dumps({"error": repr(err)}).encode())
+            finally:
+                os._exit(0)
+        os.close(writer)
+        os.waitpid(pid, 0)
+        reply = json.loads(os.read(reader, 4096))
+        assert "refused: the shim runs as uid 65534" in reply["error"]
+        if shutil.which("unshare"):
+            other_ns = subprocess.run(["unshare", "--net", str(n.shim), "report", "x"], env=n.env(), capture_output=True, text=True, timeout=30)
+            assert other_ns.returncode == 3 and "another network namespace" in other_ns.stderr
+        assert _status(n.sock)["forked"] == 0, (root / "server.log").read_text()
+        n.stop()
+    finally:
+        shutil.rmtree(root)
+
+
+def test_the_wrapper_restarts_a_dead_server_and_exits_as_its_command(tmp_path):
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "warm_probe.py").write_text(PROBE)
+    script = tmp_path / "node.py"
+    script.write_text(
+        "import os, sys, time, signal\n"
+        f"sys.path.insert(0, {str(WARM.parent)!r})\n"
+        "import warm\n"
+        "def status():\n"
+        "    try: return warm.server_status(os.environ[warm.ENV_SOCKET], 2)\n"
+        "    except (OSError, ValueError): return None\n"
+        "while not (s := status()): time.sleep(0.05)\n"
+        "assert os.environ['PATH'].split(':')[0].endswith('/bin') and warm.is_shim(os.environ['PATH'].split(':')[0] + '/flwr-clientapp')\n"
+        "os.kill(s['pid'], signal.SIGKILL)\n"
+        "while not (t := status()) or t['pid'] == s['pid']: time.sleep(0.05)\n"
+        "print('restarted', flush=True)\n"
+        "sys.exit(5)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "probe")}
+    done = subprocess.run([sys.executable, str(WARM), "run", "--dir", str(tmp_path / "node0"), "--preload", "", "--entry", "warm_probe:main", "--",
+                           sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "restarted" in done.stdout and "starting it again" in done.stderr
+    assert (tmp_path / "node0").stat().st_mode & 0o777 == 0o700 and not (tmp_path / "node0" / "server.sock").exists()
+
+
+def test_with_the_real_preload_flowers_entry_point_runs_in_a_clean_child(tmp_path):
+    """Torch, numpy and Flower imported; pflower not, CUDA not initialized, no thread beyond those
+    a fresh interpreter has after the same imports (numpy's BLAS worker); the child runs Flower's
+    own flwr-clientapp (its usage text)."""
+    n = Node(tmp_path, preload=",".join(warm.PRELOAD), entry="")
+    try:
+        status = _status(n.sock)
+        assert status["entry"] == "flwr.supernode.cli:flwr_clientapp"
+        assert not status["pflower-loaded"] and not status["cuda-initialized"]
+        fresh = subprocess.run([sys.executable, "-c", f"import os, importlib; [importlib.import_module(m) for m in {warm.PRELOAD!r}]; "
+                                "import flwr.supernode.cli; print(len(os.listdir('/proc/self/task')))"], capture_output=True, text=True, check=True)  # fmt: skip
+        assert status["threads"] == int(fresh.stdout)
+        done = n.run("--help")
+        assert done.returncode == 0 and done.stdout.startswith("usage: flwr-clientapp"), done.stderr
+    finally:
+        n.stop()
+
+
+# ------------------------------------------------------------- the Flower contract (flwr==1.39.0)
+def test_flowers_clientapp_launch_is_what_the_shim_expects(monkeypatch):
+    """What pflower.deploy.warm relies on in flwr 1.39.0; if Flower changes it, this fails (and the
+    shim may no longer be called, or may pass the wrong arguments)."""
+    import flwr
+    import flwr.supercore.superexec.executor.subprocess_executor as executor_module
+    from flwr.supercore.constant import TASK_TYPE_TO_COMMAND, TaskType
+    from flwr.supercore.superexec.executor import ExecutionSpec, SubprocessExecutor
+    from flwr.supernode.cli.flwr_clientapp import _parse_args_run_flwr_clientapp
+
+    assert flwr.__version__ == "1.39.0"
+    assert TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] == warm.COMMAND
+    calls = []
+    monkeypatch.setattr(executor_module.subprocess, "Popen", lambda *a, **kw: calls.append((a, kw)))
+    for insecure, certs in ((False, "/certs/ca.crt"), (True, None)):
+        spec = ExecutionSpec(task_type=TaskType.CLIENT_APP, runtime_api_address="127.0.0.1:9094", token="tok", insecure=insecure,
+                             root_certificates_path=certs, runtime_dependency_install=False, parent_pid=4242, suppress_output=False, task_id=1)  # fmt: skip
+        SubprocessExecutor().launch(spec)
+    security = [["--root-certificates", "/certs/ca.crt"], ["--insecure"]]
+    for (args, kwargs), tls in zip(calls, security):
+        # a bare command name (found on PATH, where the shim comes first), fds and env inherited
+        assert args == (["flwr-clientapp", "--runtime-api-address", "127.0.0.1:9094", "--token", "tok", *tls, "--parent-pid", "4242"],)
+        assert kwargs == {}
+        parsed = _parse_args_run_flwr_clientapp().parse_args(args[0][1:])  # the child's argv is the shim's
+        assert parsed.runtime_api_address == "127.0.0.1:9094" and parsed.parent_pid == 4242
+    # the command's entry point, which each child calls in place of starting the script
+    from importlib.metadata import entry_points
+
+    (ep,) = entry_points(group="console_scripts", name="flwr-clientapp")
+    assert ep.value == "flwr.supernode.cli:flwr_clientapp"
+    # the SuperNode starts flower-superexec by name (so on the wrapped PATH), with its own environment
+    import inspect
+
+    from flwr.supernode import start_client_internal
+
+    source = inspect.getsource(start_client_internal.start_client_internal)
+    assert 'command = ["flower-superexec"]' in source and "subprocess.Popen(command)" in source
+
+
+def test_the_warm_module_stays_out_of_the_fab_and_imports_only_the_standard_library():
+    import ast
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "pflower/deploy/**" in project["tool"]["flwr"]["app"]["fab-exclude"]
+    assert project["project"]["scripts"]["pflower-warm"] == "pflower.deploy.warm:main"
+    tree = ast.parse(WARM.read_text())
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
+    assert top <= set(sys.stdlib_module_names) | {"__future__"}, top
