@@ -94,12 +94,17 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
 
 @SIMULATION
 def test_shards_and_feature_shift_on_flower_equal_the_run_in_process(superlink, tmp_path):
-    """flwr-datasets' shards with every client a feature-shift domain, FedBN, 2 rounds on Flower
-    with TensorBoard on: the same partition (label counts), domains and metrics as in process;
-    the ServerApp writes the partition figure and the event file."""
+    """A Hugging Face data set saved on disk (a fixture written here, read offline by every
+    ClientApp process), flwr-datasets' shards with every client a feature-shift domain, FedBN, 2
+    rounds on Flower with TensorBoard on: the same partition (label counts), domains and metrics
+    as in process; the ServerApp writes the partition figure and the event file."""
     from conftest import in_process_rounds, run_config
+    from data_files import hf_dataset
 
-    keys = dict(method="fedbn", model="cnn-bn", partition="shards", feature_shift="mixed", num_server_rounds=2, local_epochs=1)
+    data = tmp_path / "hf-disk"
+    hf_dataset(n=150)[0].save_to_disk(str(data))
+    keys = dict(method="fedbn", model="cnn-bn", dataset="huggingface", data_dir=str(data), partition="shards", feature_shift="mixed",
+                num_server_rounds=2, local_epochs=1)  # fmt: skip
     results = tmp_path / "flower"
     _, status, log = _run(superlink, f"{run_config_string({k.replace('_', '-'): v for k, v in keys.items()})} tensorboard=true results-dir='{results}'")
     assert status == "finished:completed", log
