@@ -298,19 +298,24 @@ class ForkServer:
                 raise ConnectionAbortedError("another network namespace")
             if len(fds) != 3 or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
                 _send_line(conn, {"error": f"bad request: {len(fds)} fds, keys {sorted(request)}"})
-                return conn.close()
+                raise ConnectionAbortedError("bad request")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            child = os.fork()
         except (OSError, ValueError, ConnectionError) as err:
             for fd in fds:
                 os.close(fd)
             if not isinstance(err, ConnectionAbortedError):
+                _send_line(conn, {"error": f"dropped: {err}"})  # the shim goes cold
                 _log(f"dropped a request: {err}")
             return conn.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        child = os.fork()
         if child == 0:
             try:
                 self._child(conn, request, fds)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()  # on the shim's stderr once the fds are in place
             finally:
                 os._exit(70)
         for fd in fds:
