@@ -137,23 +137,37 @@ def client_work(app: str, data_dir: Path) -> dict[str, float]:
 def _forked_work(app: str, data_dir: Path, preload: list[str]) -> dict[str, float]:
     """What a warm node's message costs: import ``preload`` here (the fork server; not counted),
     then fork a child that does the work; "python" is the fork and the child's exit."""
+    import gc
     import importlib
 
+    gc.disable()  # as the fork server does (pflower/deploy/warm.py): import, freeze, fork, enable in the child
     for name in preload:
         importlib.import_module(name)
+    gc.freeze()
     reader, writer = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
         os.close(reader)
-        os.write(writer, json.dumps(client_work(app, data_dir)).encode())
+        gc.enable()
+        os.write(writer, json.dumps({**client_work(app, data_dir), "memory": own_memory()}).encode())
         os._exit(0)
     os.close(writer)
     with os.fdopen(reader) as f:
         work = json.loads(f.read())
     os.waitpid(pid, 0)
+    memory = work.pop("memory")
     work["python"] = time.perf_counter() - t0 - sum(work.values())
+    work["memory"] = {**memory, "server-rss": smaps_rollup(os.getpid())["Rss"] // 1024, "server-pss": smaps_rollup(os.getpid())["Pss"] // 1024}
     return work
+
+
+def own_memory() -> dict[str, int]:
+    """This process's memory once its message's work is done (MiB): RSS, PSS, and its peak RSS
+    (VmHWM; a forked child's counts the pages it shares with its parent)."""
+    mem = smaps_rollup(os.getpid())
+    hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    return {"rss": mem["Rss"] // 1024, "pss": mem["Pss"] // 1024, "private": (mem["Private_Clean"] + mem["Private_Dirty"]) // 1024, "peak-rss": hwm // 1024}
 
 
 def measure_work(app: str, mode: str, data_dir: Path, preload: list[str]) -> dict[str, float]:
@@ -165,7 +179,7 @@ def measure_work(app: str, mode: str, data_dir: Path, preload: list[str]) -> dic
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     work = json.loads(out.stdout)
     if mode == "cold":
-        work["python"] = time.perf_counter() - t0 - sum(work.values())  # interpreter start and exit
+        work["python"] = time.perf_counter() - t0 - sum(v for k, v in work.items() if k != "memory")  # interpreter start and exit
     return work
 
 
@@ -297,6 +311,8 @@ def main() -> int:
     data_dir = args.data_dir.resolve()
     if args.work:
         work = _forked_work(args.work, data_dir, args.preload.split(",")) if args.preload is not None else client_work(args.work, data_dir)
+        if args.preload is None:
+            work["memory"] = own_memory()
         print(json.dumps(work))
         return 0
     if not data_dir.is_dir():
@@ -357,6 +373,9 @@ def main() -> int:
     for kind in ("clientapp", "child", "server"):
         cells = [f"{v.memory[kind]['rss'] / 1024:.0f} / {v.memory[kind]['pss'] / 1024:.0f}" if kind in v.memory else "-" for v in variants]
         print(f"  {kind:38}" + "".join(f"{c:>{width}}" for c in cells))
+    print("one message's process once its work is done, measured apart (MiB; warm: the child, the server beside it):")
+    for key in ("rss", "pss", "private", "peak-rss", "server-rss", "server-pss"):
+        print(f"  {key:38}" + "".join(f"{work[v.name]['memory'].get(key, float('nan')):>{width}.0f}" for v in variants))
     print(f"cold messages through the shim: {cold_logs}")
     if args.out:
         args.out.write_text(json.dumps({"rounds": args.rounds, "repeats": args.repeats, "variants": [

@@ -351,3 +351,39 @@ def test_the_warm_module_stays_out_of_the_fab_and_imports_only_the_standard_libr
     top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
     assert top <= set(sys.stdlib_module_names) | {"__future__"}, top
+
+
+# ------------------------------------------------------------------ pflower-deploy's warm nodes
+def test_deployment_wraps_its_warm_nodes_and_sets_the_poll_interval(tmp_path, monkeypatch):
+    """Without starting anything: which SuperNodes are wrapped, their private folders (short
+    enough for a socket, else under /tmp), their environment, and the arguments refused."""
+    from pflower.deploy.deployment import NODE_POLL_INTERVAL, POLL_ENV, WARM_PRELOAD, Deployment
+
+    spawned = {}
+    dep = Deployment(tmp_path / "d", nodes=3, tls=False, auth=False, warm={0, 2})
+    monkeypatch.setattr(dep, "_spawn", lambda name, cmd, env=None: spawned.update({name: (cmd, env)}))
+    for i in range(3):
+        dep.start_node(i)
+    for name in ("node0", "node2"):
+        cmd, env = spawned[name]
+        assert cmd[1:4] == [warm.__file__, "run", "--dir"] and Path(cmd[4]) == dep.warm_dir(name)
+        assert cmd[cmd.index("--preload") + 1] == ",".join(WARM_PRELOAD) and "pydantic" in WARM_PRELOAD
+        assert Path(cmd[cmd.index("--") + 1]).name == "flower-supernode"
+        assert dep.warm_dir(name).stat().st_mode & 0o777 == 0o700
+    cmd, env = spawned["node1"]
+    assert Path(cmd[0]).name == "flower-supernode" and not dep.warm_dir("node1").exists()
+    assert all(float(env[POLL_ENV]) == NODE_POLL_INTERVAL == 0.2 for _, env in spawned.values())
+    assert dep.warm_names == {"node0", "node2"}
+    dep.switch_warm(False)
+    assert (dep.warm_dir("node0") / warm.COLD_FLAG).exists() and (dep.warm_dir("node2") / warm.COLD_FLAG).exists()
+    dep.switch_warm(True)
+    assert not (dep.warm_dir("node0") / warm.COLD_FLAG).exists()
+
+    deep = Deployment(tmp_path / ("x" * 90), nodes=1, tls=False, auth=False, warm=True, poll_interval=None)
+    assert len(str(warm.socket_path(deep.warm_dir("node0")))) <= warm.MAX_SOCKET_PATH
+    assert deep.node_env(0).get(POLL_ENV) == os.environ.get(POLL_ENV)  # None: Flower's default
+    deep.stop()
+    with pytest.raises(ValueError, match="warm lists"):
+        Deployment(tmp_path / "e", warm=[-1])
+    with pytest.raises(ValueError, match="0.01 to 60"):
+        Deployment(tmp_path / "f", poll_interval=0.001)

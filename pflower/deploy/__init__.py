@@ -10,12 +10,15 @@ entries if you set it, else every GPU), so the nodes' ClientApps do not all trai
 
     pflower-deploy up --nodes 3 --dir deploy            # TLS + authentication, loopback
     pflower-deploy up --nodes 3 --dir deploy --netns    # each process in its own namespace
+    pflower-deploy up --nodes 3 --dir deploy --warm     # each node's ClientApps forked from a fork server
     FLWR_HOME=deploy/flwr-home flwr run . pflower-deploy --stream -c "num-server-rounds=5"
     pflower-deploy down --dir deploy
 
 - :mod:`~pflower.deploy.certificates`: the CA, the SuperLink's certificate, the nodes' keys;
 - :mod:`~pflower.deploy.netns`: the network namespaces and their bridge;
 - :mod:`~pflower.deploy.deployment`: :class:`Deployment`, the processes, and ``down``;
+- :mod:`~pflower.deploy.warm`: warm nodes (``pflower-warm``): a fork server per node and the
+  ``flwr-clientapp`` shim that hands it each message;
 - :mod:`~pflower.deploy.cli`: the ``pflower-deploy`` command.
 
 Tooling: the FAB the SuperLink ships to the nodes leaves this package out.

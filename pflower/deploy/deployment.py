@@ -57,7 +57,7 @@ class Deployment:
         """``node_data``: SuperNode i's own data folder (``data-dir`` in its node config, for
         ``dataset='node'``); ``hide``: folders the SuperLink, and the ServerApp it starts, must not
         see (an empty tmpfs over each in a mount namespace of their own; root only); ``warm``:
-        every SuperNode (True) or those whose index is listed runs its ClientApps from a fork
+        every SuperNode (True; those added later too) or those whose index is listed runs its ClientApps from a fork
         server (:mod:`pflower.deploy.warm`), the others start a fresh process per message;
         ``poll_interval``: seconds between a SuperNode's SuperExec's looks for a new message
         (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; default :data:`NODE_POLL_INTERVAL`; None: Flower's 1 s)."""
@@ -81,6 +81,8 @@ class Deployment:
         if poll_interval is not None and not 0.01 <= poll_interval <= 60:
             raise ValueError(f"poll_interval is {poll_interval}; Flower allows 0.01 to 60 seconds")
         self.poll_interval = poll_interval
+        self.warm_all = warm is True  # every SuperNode, those added later too
+        self.warm_names: set[str] = set()  # the warm SuperNode processes' names (their fork servers' folders)
         self.warm = set(range(nodes)) if warm is True else set(warm or ())
         if bad := sorted(i for i in self.warm if not isinstance(i, int) or i < 0):
             raise ValueError(f"warm lists {bad}: give True, False or SuperNode indices (0, 1, ...)")
@@ -107,8 +109,8 @@ class Deployment:
     def switch_warm(self, on: bool) -> None:
         """Switch every warm SuperNode cold (``on=False``: each message a fresh ``flwr-clientapp``
         again, through the shim) or back warm, without restarting it (:func:`warm.switch`)."""
-        for i in self.warm:
-            warm.switch(self.warm_dir(f"node{i}"), on)
+        for name in sorted(self.warm_names):
+            warm.switch(self.warm_dir(name), on)
 
     def warm_dir(self, name: str) -> Path:
         """The private folder (mode 0700) of SuperNode process ``name``'s fork server: its shim and socket."""
@@ -275,8 +277,11 @@ class Deployment:
         if self.auth:
             cmd += ["--auth-supernode-private-key", str(key or pki / "keys" / f"node{i}")]
         name = name or f"node{i}"
+        if self.warm_all:
+            self.warm.add(i)
         if i in self.warm:  # the wrapper starts the fork server beside the SuperNode (in its namespace, its process group)
             folder = warm.private_dir(self.warm_dir(name))  # made here too: it exists once start() returns
+            self.warm_names.add(name)
             cmd = [sys.executable, warm.__file__, "run", "--dir", str(folder), "--preload", ",".join(WARM_PRELOAD), "--", *cmd]
         return self._spawn(name, cmd, self.node_env(i))
 

@@ -214,9 +214,11 @@ class ForkServer:
 
     def load(self) -> None:
         """Import the preloaded modules and Flower's ``flwr-clientapp`` entry point, nothing else."""
+        import gc
         import importlib
         from importlib.metadata import entry_points
 
+        gc.disable()  # no collection while importing: it would leave holes in pages the children share
         for name in self.preload:
             importlib.import_module(name)
         if not self.entry_ref:
@@ -231,6 +233,7 @@ class ForkServer:
             sys.path.insert(0, bin_dir)  # as for the console script (this file's folder was taken off)
         if loaded := sorted(m for m in sys.modules if m == "pflower" or m.startswith("pflower.")):
             raise WarmError(f"the fork server imported {loaded[:3]}: the app would not load from the FAB")
+        gc.freeze()  # the imported objects out of the collector's reach: a child's collections do not copy their pages
 
     def status(self) -> dict:
         torch = sys.modules.get("torch")
@@ -295,19 +298,24 @@ class ForkServer:
                 raise ConnectionAbortedError("another network namespace")
             if len(fds) != 3 or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
                 _send_line(conn, {"error": f"bad request: {len(fds)} fds, keys {sorted(request)}"})
-                return conn.close()
+                raise ConnectionAbortedError("bad request")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            child = os.fork()
         except (OSError, ValueError, ConnectionError) as err:
             for fd in fds:
                 os.close(fd)
             if not isinstance(err, ConnectionAbortedError):
+                _send_line(conn, {"error": f"dropped: {err}"})  # the shim goes cold
                 _log(f"dropped a request: {err}")
             return conn.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        child = os.fork()
         if child == 0:
             try:
                 self._child(conn, request, fds)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()  # on the shim's stderr once the fds are in place
             finally:
                 os._exit(70)
         for fd in fds:
@@ -392,6 +400,9 @@ class ForkServer:
         sys.argv = [self.real, *request["argv"][1:]]
         if "numpy" in sys.modules:  # numpy's global generator is not re-seeded on fork (random's is)
             sys.modules["numpy"].random.seed()
+        import gc
+
+        gc.enable()  # as in a fresh process (the server's imports stay frozen: never collected, never copied by it)
         os._exit(run_entry(self.entry))
 
 
