@@ -163,10 +163,11 @@ def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(
     assert crash_deployment.node_status(0) == "online"
     assert outcome["status"] == "finished:completed", outcome["log"]
     rounds = _metrics(first)["rounds"]
-    assert rounds[0]["missing"] == [] and rounds[1]["missing"] == [0]
+    # round 1's evaluation rode on round 2's message to node 0, lost with it
+    assert rounds[0]["missing"] == rounds[1]["missing"] == [0]
     assert all(r["missing"] in ([], [0]) for r in rounds), [(r["missing"], r["wall-seconds"]) for r in rounds]
     assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 4
-    acc0 = rounds[0]["per-client-accuracy"]["0"]
+    acc0 = next(r["per-client-accuracy"]["0"] for r in rounds if "0" in r["per-client-accuracy"])
 
     _, status, log = crash_deployment.submit(app, f"{base} num-server-rounds=5 results-dir='{second}' resume-from='{first}'")
     assert status == "finished:completed", log
