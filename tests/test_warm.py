@@ -223,8 +223,8 @@ def test_the_servers_folder_is_private_and_the_socket_path_short(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="connects as another user")
 def test_the_server_refuses_other_users_and_other_network_namespaces(tmp_path):
     root = Path(tempfile.mkdtemp(prefix="pflower-warm-test-"))  # outside pytest's root-only tmp tree
+    n = Node(root)
     try:
-        n = Node(root)
         root.chmod(0o755)
         (root / "node").chmod(0o711)  # only for this test: let another uid reach the socket
         n.sock.chmod(0o777)
@@ -252,8 +252,8 @@ def test_the_server_refuses_other_users_and_other_network_namespaces(tmp_path):
             other_ns = subprocess.run(["unshare", "--net", str(n.shim), "report", "x"], env=n.env(), capture_output=True, text=True, timeout=30)
             assert other_ns.returncode == 3 and "another network namespace" in other_ns.stderr
         assert _status(n.sock)["forked"] == 0, (root / "server.log").read_text()
-        n.stop()
     finally:
+        n.stop()
         shutil.rmtree(root)
 
 
