@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import platform
 import time
 import tomllib
 from dataclasses import dataclass
@@ -93,15 +95,37 @@ def load_suite(path: Path, name: str) -> tuple[dict, list[Run]]:
     return suite, runs
 
 
-def make_record(metrics: dict[str, Any], wall_seconds: float, clients: int) -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """What ran a record's run: CPU model and count, GPU if any, Python, torch and flwr versions."""
+    import flwr
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {
+        "cpu": cpu,
+        "cpus": len(os.sched_getaffinity(0)),
+        "gpus": gpus,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "flwr": flwr.__version__,
+    }
+
+
+def make_record(metrics: dict[str, Any], wall_seconds: float, clients: int, machine_info: dict[str, Any] | None = None) -> dict[str, Any]:
     """A run's compact record from its metrics.json: everything but the per-round entries of
-    :data:`LAST_ROUND_ONLY` before the last round that has them, plus the bench's wall time."""
+    :data:`LAST_ROUND_ONLY` before the last round that has them, plus the bench's wall time and
+    the machine that ran it."""
     rounds = [dict(r) for r in metrics["rounds"]]
     for key in LAST_ROUND_ONLY:
         having = [r for r in rounds if key in r]
         for r in having[:-1]:
             del r[key]
-    return {**metrics, "rounds": rounds, "bench": {"wall-seconds": wall_seconds, "clients": clients}}
+    return {**metrics, "rounds": rounds, "bench": {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {})}}
 
 
 #: Run-config keys that name places on one machine: a record made elsewhere still matches its run.
@@ -137,7 +161,7 @@ def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
     metrics, bench = _read(d / "metrics.json"), _read(d / "bench.json")
     if metrics is None or bench is None or not matches(run, metrics):
         return False
-    write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"]))
+    write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"], bench.get("machine")))
     return True
 
 
@@ -165,7 +189,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
             (d / "run.log").write_text(log)
             if status != "finished:completed":
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{status}'; log in {d / 'run.log'}")
-            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients})
+            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine()})
             if not finished(run, results, records, suite):
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)

@@ -223,3 +223,13 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
     for grid in dict.fromkeys(r.grid for r in runs):
         assert (copy.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
         assert (page.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
+
+
+def test_a_record_says_what_machine_made_it():
+    """bench.json carries the machine; the record made from it keeps it (CPU, count, GPUs, versions)."""
+    from pflower.bench import machine
+
+    info = machine()
+    assert set(info) == {"cpu", "cpus", "gpus", "python", "torch", "flwr"} and info["cpus"] >= 1 and info["flwr"] == "1.39.0"
+    record = make_record({"config": {}, "final": {}, "rounds": []}, 3.0, 2, info)
+    assert record["bench"] == {"wall-seconds": 3.0, "clients": 2, "machine": info}
