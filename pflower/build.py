@@ -67,6 +67,8 @@ def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None
     shape, num_classes = (settings.image_shape, settings.num_classes) if shape is None else (shape, num_classes)
     model = build_model(settings, shape, num_classes, settings.seed)
     client = client_method(settings)
-    strategy = get(settings.method).strategy_class().from_settings(settings, model, client.upload_keys(model))
+    method = get(settings.method)
+    strategy = method.strategy_class().from_settings(settings, model, client.upload_keys(model))
+    strategy.gate.schemas.update(method.reply_schemas())
     strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
     return strategy

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,33 @@ from flwr.common.logger import log
 from pflower.plots import draw_run
 
 
+def _finite(value: Any, where: str, bad: list[str]) -> Any:
+    """``value`` with every NaN or infinity replaced by None (their places listed in ``bad``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(where or "(top)")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{where}.{k}" if where else str(k), bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{where}[{i}]", bad) for i, v in enumerate(value)]
+    return value
+
+
 def write_json(path: Path, doc: dict[str, Any], indent: int | None = None) -> Path:
-    """Write ``doc`` to ``path`` atomically: a crash never leaves half a file that reads as whole."""
+    """Write ``doc`` to ``path`` atomically as standard JSON: a crash never leaves half a file
+    that reads as whole, and a NaN or infinity (which no client can send: the reply validator
+    refuses them; a server-side computation might make one) is written as null, with a warning
+    naming where, never as the ``NaN``/``Infinity`` no JSON parser but Python's reads."""
+    separators = None if indent else (",", ":")
+    try:
+        text = json.dumps(doc, indent=indent, separators=separators, allow_nan=False)
+    except ValueError:
+        bad: list[str] = []
+        text = json.dumps(_finite(doc, "", bad), indent=indent, separators=separators, allow_nan=False)
+        log(WARNING, "%s: non-finite numbers written as null at %s", path, ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=indent, separators=None if indent else (",", ":")) + "\n")
+    tmp.write_text(text + "\n")
     os.replace(tmp, path)
     return path
 

@@ -17,20 +17,29 @@ The records that ride, named once for both sides:
   config), plus ``evaluate-with``: the name of the ArrayRecord to evaluate with;
 - ``evaluate-arrays`` (ArrayRecord): the evaluation's arrays, only where they differ from the
   message's own ``arrays`` (FedAvg's global model is both: it is sent once);
-- ``evaluation`` (MetricRecord, in the reply): the evaluation's metrics.
+- ``evaluation`` (MetricRecord, in the reply): the evaluation's metrics;
+- ``evaluation-error`` (ConfigRecord, in the reply, instead): why the evaluation failed (its
+  ``reason``); the rest of the reply is the message's own, which the failure did not touch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.app.message.message import make_message
+from flwr.common.constant import ErrorCode
 
 EVALUATE = "evaluate"
+#: Evaluation-config key, on whichever message an evaluation travels: the round whose end state
+#: the client evaluates (its state after that round's training, or its last training before it).
+STATE_AFTER = "state-after-round"
 EVALUATE_ARRAYS = "evaluate-arrays"
 EVALUATE_WITH = "evaluate-with"
 EVALUATION = "evaluation"
+EVALUATION_ERROR = "evaluation-error"
+#: The most characters of a failure's reason a reply carries.
+MAX_REASON = 500
 #: The identity-reply metric by which a ClientApp says it evaluates riding evaluations first.
 CAPABLE = "evaluates-riding"
 
@@ -76,14 +85,27 @@ def detach(msg: Message) -> Riding | None:
     return Riding(config, arrays)
 
 
+def failure(err: BaseException) -> ConfigRecord:
+    """The ``evaluation-error`` record of an evaluation that raised ``err``."""
+    return ConfigRecord({"reason": f"{type(err).__name__}: {err}"[:MAX_REASON]})
+
+
 def split(reply: Message) -> tuple[Message, Message | None]:
     """A reply to a message that carried an evaluation, as the two replies it stands for: the
-    reply without its ``evaluation`` record, and an evaluation reply (None if it has none; the
-    reply itself if it is an error, which both share)."""
+    reply without its ``evaluation`` (or ``evaluation-error``) record, and an evaluation reply:
+    its metrics, an error reply naming why it failed, or None if it has neither (the reply
+    itself if it is an error, which both share)."""
     if reply.has_error():
         return reply, reply
-    if EVALUATION not in reply.content.metric_records:
+    content = reply.content
+    if EVALUATION_ERROR in content.config_records:
+        why = str(content[EVALUATION_ERROR].get("reason", ""))[:MAX_REASON]
+        del content[EVALUATION_ERROR]
+        if EVALUATION in content.metric_records:
+            del content[EVALUATION]
+        return reply, make_message(reply.metadata, error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"the evaluation failed: {why}"))
+    if EVALUATION not in content.metric_records:
         return reply, None
-    metrics: MetricRecord = reply.content[EVALUATION]
-    del reply.content[EVALUATION]
+    metrics: MetricRecord = content[EVALUATION]
+    del content[EVALUATION]
     return reply, make_message(reply.metadata, RecordDict({"metrics": metrics}))

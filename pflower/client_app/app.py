@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +46,20 @@ def _deterministic(msg: Message, context: Context, call_next) -> Message:
 
 def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
     """A message that carries the previous round's evaluation (:mod:`pflower.single_message`):
-    evaluate first, from the personal state as the previous round left it, then handle the
-    message; the reply carries the evaluation's metrics as ``evaluation``."""
+    evaluate first, the personal state the evaluation names, then handle the message; the reply
+    carries the evaluation's metrics as ``evaluation``, or why it failed (the message itself is
+    handled all the same: a failed evaluation never costs the round's training)."""
     riding = single_message.detach(msg) if msg.has_content() else None
     if riding is None:
         return call_next(msg, context)
-    rt = runtime(context, msg)
-    metrics = rt.evaluation(context, msg, riding.config, riding.arrays)
+    try:
+        outcome = runtime(context, msg).evaluation(context, riding.config, riding.arrays)
+    except Exception as err:  # noqa: BLE001 - reported to the server as the evaluation's error
+        log(ERROR, "The evaluation riding on this message failed: %s: %s", type(err).__name__, err)
+        outcome = single_message.failure(err)
     reply = call_next(msg, context)
     if reply.has_content():
-        reply.content[single_message.EVALUATION] = metrics
+        reply.content[single_message.EVALUATION if isinstance(outcome, MetricRecord) else single_message.EVALUATION_ERROR] = outcome
     return reply
 
 
@@ -123,31 +127,32 @@ class Runtime:
             return StateStore(self.client_id, Path(str(root)).expanduser().resolve())
         return StateStore(self.client_id, *self.settings.state_paths)
 
-    def personal_model(self, context: Context, msg: Message) -> nn.Module:
+    def personal_model(self, context: Context, lineage: str, after_round: int) -> nn.Module:
         """The cached model loaded with this client's personal state (or the initial one).
 
-        A context without personal state first looks for a saved one of the message's lineage.
+        A context without personal state (a resumed run, a restarted SuperNode) first restores
+        the one saved in ``lineage`` as round ``after_round`` left it: the state a message of
+        round ``after_round + 1`` trains from, and the one an evaluation of ``after_round`` measures.
         """
-        lineage, rnd = _lineage(msg), _round(msg)
         if PERSONAL not in context.state and lineage:
-            saved = self.store(context).load(lineage, rnd)
+            saved = self.store(context).load(lineage, after_round + 1)
             for name, record in (saved or {}).items():
                 context.state[name] = record
             if saved is not None:
-                log(INFO, "Client %d restored its saved personal state (lineage %s, before round %d)", self.client_id, lineage, rnd)
+                log(INFO, "Client %d restored its saved personal state (lineage %s, as round %d left it)", self.client_id, lineage, after_round)
         state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial()
         self.model.load_state_dict(state)
         return self.model
 
-    def evaluation(self, context: Context, msg: Message, config: ConfigRecord, arrays: ArrayRecord) -> MetricRecord:
+    def evaluation(self, context: Context, config: ConfigRecord, arrays: ArrayRecord) -> MetricRecord:
         """The metrics of the personalized model (personal state + ``arrays``) in the run's test
         mode, after the method's fine-tuning epochs on the training split if it has any (never
-        saved); ``config`` is the evaluation's (its round). ``msg`` is the message at hand (a
-        restarted node restores its saved state for that message's round)."""
-        model = self.personal_model(context, msg)
+        saved); ``config`` is the evaluation's: its round, and the state it names (``STATE_AFTER``:
+        a context without one restores it)."""
+        rnd = int(config.get("server-round", 0))
+        model = self.personal_model(context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)))
         trained = PERSONAL in context.state
         model.load_state_dict(received_state(arrays, model.state_dict()), strict=False)
-        rnd = int(config.get("server-round", 0))
         if epochs := self.method.finetune_epochs:
             self.method.start_round(rnd)
             self.method.finetune(model, self.train, self.seed(rnd, stream=1), epochs)
@@ -256,8 +261,8 @@ def query(msg: Message, context: Context) -> Message:
         counts = np.bincount(data.y.numpy(), minlength=len(data.names)).tolist()
     else:
         counts = label_counts(rt.settings, rt.client_id, rt.num_clients)
-    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "classes": classes,
-                          "label-counts": counts, single_message.CAPABLE: 1})  # fmt: skip
+    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "test-examples": len(rt.test),
+                          "classes": classes, "label-counts": counts, single_message.CAPABLE: 1})  # fmt: skip
     content = RecordDict({"metrics": reply})
     if rt.settings.node_data:  # what the server builds the model from
         content[IDENTITY] = ConfigRecord({CLASS_NAMES: list(data.names), "shape": list(data.shape)})
@@ -269,7 +274,7 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     rt = runtime(context, msg)
-    model = rt.personal_model(context, msg)
+    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1)
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
     rt.method.start_round(_round(msg))
@@ -286,7 +291,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_(msg: Message, context: Context) -> Message:
     """Evaluate the personalized model (:meth:`Runtime.evaluation`) with the message's arrays."""
     rt = runtime(context, msg)
-    metrics = rt.evaluation(context, msg, _config(msg), msg.content.array_records.get("arrays", ArrayRecord()))
+    metrics = rt.evaluation(context, _config(msg), msg.content.array_records.get("arrays", ArrayRecord()))
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
@@ -299,7 +304,7 @@ def relay(msg: Message, context: Context) -> Message:
     and to disk after the last step of a round.
     """
     rt = runtime(context, msg)
-    model = rt.personal_model(context, msg)
+    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1)
     phase = str(_config(msg).get("phase", ""))
     rt.method.start_round(_round(msg))
     out = rt.method.relay_step(phase, model, rt.train, msg.content, context.state, rt.client_id, rt.num_clients, _round(msg))

@@ -5,12 +5,15 @@ client also writes it to ``<root>/<lineage>/client-<id>/round-<r>.pt``; a contex
 personal state (a new run resumed from a checkpoint, a restarted SuperNode) loads the newest
 file of its lineage from a round before the current one, which is exactly the state it had
 when the server's checkpoint of that round was written. A state found under a fallback root
-(the resumed run's directory) is copied into the primary one, so chains of resumptions work.
+(the resumed run's directory) is copied into the primary one. A store with fallbacks leaves
+``<root>/<lineage>/resumed-from.json`` naming them, so a run resumed from a resumed run finds
+the states of clients that got no message in the run between (chains of resumptions).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -21,6 +24,10 @@ from pflower.records import from_record, to_record
 
 #: Files kept per client: the state of the last rounds it trained in.
 KEEP = 2
+#: In a root's lineage folder: the roots the run that wrote it had resumed from.
+LINK = "resumed-from.json"
+#: The most roots a chain of resumptions is followed through.
+MAX_CHAIN = 1000
 
 _KINDS = {"arrays": ArrayRecord, "config": ConfigRecord, "metrics": MetricRecord}
 
@@ -64,9 +71,32 @@ class StateStore:
         torch.save(_plain(state), buf)
         return self._write(self._dir(self.roots[0], lineage), server_round, buf.getvalue())
 
+    def _link(self, lineage: str) -> None:
+        """Name this run's fallbacks in its root's lineage folder (once; atomic)."""
+        d = self.roots[0] / lineage
+        if len(self.roots) > 1 and not (d / LINK).is_file():
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / f".{LINK}.{os.getpid()}.{self.client_id}"
+            tmp.write_text(json.dumps([str(r) for r in self.roots[1:]]))
+            os.replace(tmp, d / LINK)
+
+    def chain(self, lineage: str) -> list[Path]:
+        """The roots to search, newest run first: this store's, then every root the runs before
+        resumed from, as their links say."""
+        roots, k = list(self.roots), 0
+        while k < len(roots) and len(roots) < MAX_CHAIN:
+            try:
+                linked = json.loads((roots[k] / lineage / LINK).read_text())
+            except (OSError, ValueError):
+                linked = []
+            roots += [Path(r) for r in linked if isinstance(r, str) and Path(r) not in roots]
+            k += 1
+        return roots
+
     def load(self, lineage: str, before_round: int) -> RecordDict | None:
         """The newest saved state from a round before ``before_round``, or None."""
-        for root in self.roots:
+        self._link(lineage)
+        for root in self.chain(lineage):
             d = self._dir(root, lineage)
             saved = sorted(p for p in d.glob("round-*.pt") if int(p.stem.split("-")[1]) < before_round) if d.is_dir() else []
             if saved:

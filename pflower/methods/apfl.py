@@ -3,6 +3,7 @@
 from pydantic import Field
 
 from pflower.methods.declaration import Method, MethodParams
+from pflower.reply_metrics import UNIT
 
 
 class APFLParams(MethodParams):
@@ -28,4 +29,5 @@ METHOD = Method(
     params=APFLParams,
     wrap=wrap,
     averages=True,
+    evaluation_metrics={"alpha": UNIT},
 )

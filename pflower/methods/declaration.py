@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pflower import reply_metrics
+
 
 def _kebab(name: str) -> str:
     return name.replace("_", "-")
@@ -56,7 +58,9 @@ class Method:
     the double head). ``averages``: the server averages uploads (``aggregation`` applies);
     ``gradual``: ``gradual-interval`` applies; ``no_finetune``: why ``finetune-epochs`` does not
     apply (empty: it does, the evaluated prediction being one network). ``example``: run-config keys of a short
-    demonstration of what the method does (end-to-end tests use them).
+    demonstration of what the method does (end-to-end tests use them). ``train_metrics`` and
+    ``evaluation_metrics``: the metrics its replies add to those every client sends
+    (:mod:`pflower.reply_metrics`), each key's type and range, checked at the server's boundary.
     """
 
     name: str
@@ -69,6 +73,12 @@ class Method:
     gradual: bool = False
     no_finetune: str = ""
     example: Mapping[str, Any] = field(default_factory=dict)
+    train_metrics: Mapping[str, reply_metrics.Spec] = field(default_factory=dict)
+    evaluation_metrics: Mapping[str, reply_metrics.Spec] = field(default_factory=dict)
+
+    def reply_schemas(self) -> dict[str, dict[str, reply_metrics.Spec]]:
+        """What its training and evaluation replies may hold, by Flower message type."""
+        return {"train": {**reply_metrics.TRAIN, **self.train_metrics}, "evaluate": {**reply_metrics.EVALUATE, **self.evaluation_metrics}}
 
     def client_class(self) -> type:
         return _load(self.client)

@@ -8,6 +8,7 @@ The relayed protocol's record names, which both sides use: a round is the steps 
 from pydantic import Field
 
 from pflower.methods.declaration import Method, MethodParams
+from pflower.reply_metrics import CLIENT_ID, UNIT, Numbers
 
 #: The relayed steps of a round, in order.
 STEPS = ("plan", "serve", "use", "update")
@@ -60,4 +61,5 @@ METHOD = Method(
     params=FedericoParams,
     example={"partition": "label-groups"},
     no_finetune="its prediction is a mixture of models, not one network",
+    evaluation_metrics={"weight-ids": Numbers(CLIENT_ID, distinct=True, requires=("weights",)), "weights": Numbers(UNIT, length="weight-ids")},
 )

@@ -8,6 +8,7 @@ reports the weights it computed as ``IDS`` / ``WEIGHTS`` in its training reply's
 from pydantic import Field
 
 from pflower.methods.declaration import Method, MethodParams
+from pflower.reply_metrics import CLIENT_ID, Number, Numbers
 
 IDS, WEIGHTS = "fomo-ids", "fomo-weights"
 PEER_PREFIX = "fomo-model-"
@@ -31,4 +32,8 @@ METHOD = Method(
     client="pflower.client_app.fedfomo:FedFomoClient",
     strategy="pflower.strategies.fedfomo:FedFomo",
     params=FedFomoParams,
+    train_metrics={
+        IDS: Numbers(CLIENT_ID, distinct=True, requires=(WEIGHTS,)),
+        WEIGHTS: Numbers(Number(), length=IDS),
+    },
 )

@@ -8,6 +8,10 @@ from typing import Literal
 from pydantic import Field
 
 from pflower.methods.declaration import Method, MethodParams
+from pflower.reply_metrics import LOSS, UNIT, Count, Numbers
+
+#: Lambdas on the clients' grid (pflower.models.mixing.LAMBDA_GRID: 0, 0.1, ..., 1).
+GRID_POINTS = 11
 
 #: Evaluate-config key of the federation's held-out loss curve (one value per grid lambda).
 POOLED_KEY = "superfed-pooled-val-loss"
@@ -36,4 +40,10 @@ METHOD = Method(
     averages=True,
     no_finetune="its prediction is a line of models, not one network",
     example={"superfed.mixing": "layer", "superfed.start": 0.3},
+    evaluation_metrics={
+        "lambda": UNIT,
+        "lambda-accuracy": Numbers(UNIT, GRID_POINTS, requires=("lambda",)),
+        "lambda-val-loss": Numbers(LOSS, GRID_POINTS, requires=("val-examples",)),
+        "val-examples": Count("train", requires=("lambda-val-loss",)),
+    },
 )

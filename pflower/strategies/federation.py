@@ -7,15 +7,16 @@
   sample count is what its first training reply says.
 - Sampling: a share of the known clients, drawn from (seed, round, purpose) alone.
 - Phases: push messages, pull replies until all came or the timeout passed; the bytes each way,
-  and the clients that did not answer (or whose node Flower reports gone). Evaluation messages
-  held back with :meth:`Federation.ride` go with the next phase (:mod:`pflower.single_message`).
+  and the clients that did not answer (or whose node Flower reports gone). An evaluation held
+  back with :meth:`Federation.hold` goes with the next phase (:mod:`pflower.single_message`),
+  addressed to its clients' nodes as they are then.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
@@ -24,10 +25,11 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from pflower import single_message
+from pflower import reply_metrics, single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
 from pflower.datasets.shift import DOMAIN
 from pflower.records import payload_bytes
+from pflower.strategies.held import HeldEvaluation
 from pflower.strategies.validation import Rejected, check_reply
 
 #: Error codes with which Flower answers for a node that is gone: the client is missing, not faulty.
@@ -80,16 +82,6 @@ class Phase:
     missing: list[int]
 
 
-@dataclass
-class Ridden:
-    """The evaluation of ``round`` that went with a later phase: its replies (one per client,
-    error replies included) and the clients that did not answer. Its bytes count in that phase."""
-
-    round: int
-    replies: list[Message] = field(default_factory=list)
-    missing: list[int] = field(default_factory=list)
-
-
 class Federation:
     """The clients of a run: identity, sampling, phases (see the module docstring)."""
 
@@ -98,6 +90,7 @@ class Federation:
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.client_of: dict[int, int] = {}  # node id -> client id
         self.num_examples: dict[int, int] = {}  # training samples each client said it has
+        self.test_examples: dict[int, int] = {}  # test samples each client said it has, if it said
         self.classes: dict[int, list[int]] = {}  # the classes of its data, if it said
         self.label_counts: dict[int, list[int]] = {}  # its samples per class, if it said
         self.domains: dict[int, str] = {}  # what sets its inputs apart (feature shift, natural ids), if anything
@@ -108,8 +101,8 @@ class Federation:
         self.shape: tuple[int, ...] | None = None  # the agreed input shape (agree_on_data)
         self.refused: dict[int, str] = {}  # node id -> why it is not part of the run
         self.riders: set[int] = set()  # clients that evaluate a riding evaluation first (they said so)
-        self.riding: tuple[int, list[Message]] | None = None  # (round, evaluation messages) for the next phase
-        self.ridden: Ridden | None = None  # what came back of them
+        self.held: HeldEvaluation | None = None  # an evaluation for the next phase
+        self.sent_held: HeldEvaluation | None = None  # the one the last phase took, with its replies
 
     @property
     def ids(self) -> list[int]:
@@ -168,7 +161,7 @@ class Federation:
         """Record a node's identity; returns why it could not be registered, or None."""
         node = reply.metadata.src_node_id
         try:
-            r = check_reply(reply, None, None)
+            r = check_reply(reply, None, None, reply_metrics.IDENTITY)
             n_clients = int(r.metrics["num-clients"])
         except (Rejected, KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %s did not identify itself: %s", node, err)
@@ -185,12 +178,12 @@ class Federation:
         self.node_of[r.client_id] = node
         self.client_of[node] = r.client_id
         self.num_examples[r.client_id] = r.num_examples
-        classes = r.metrics.get("classes")
-        if isinstance(classes, list) and all(isinstance(c, int) for c in classes):
-            self.classes[r.client_id] = classes
-        counts = r.metrics.get("label-counts")
-        if isinstance(counts, list) and all(isinstance(c, int) for c in counts):
-            self.label_counts[r.client_id] = counts
+        if "test-examples" in r.metrics:
+            self.test_examples[r.client_id] = r.metrics["test-examples"]
+        if "classes" in r.metrics:
+            self.classes[r.client_id] = r.metrics["classes"]
+        if "label-counts" in r.metrics:
+            self.label_counts[r.client_id] = r.metrics["label-counts"]
         if (domain := reply.content.config_records.get(DOMAIN)) is not None:
             self.domains[r.client_id] = str(domain.get("name", ""))
         if r.metrics.get(single_message.CAPABLE) == 1:
@@ -273,64 +266,68 @@ class Federation:
         return [Message(RecordDict({"arrays": get(cid), "config": config, **extras.get(cid, {})}), dst_node_id=self.node_of[cid],
                         message_type=kind) for cid in ids]  # fmt: skip
 
-    def ride(self, server_round: int, evaluation: list[Message]) -> None:
-        """Hold the evaluation messages of ``server_round`` back for the next phase: each one
-        rides on its client's message there if the client evaluates riding evaluations, else it
-        goes alone in that phase. :meth:`take_ridden` has their replies after it."""
-        if self.riding is not None:
-            raise RuntimeError(f"the evaluation of round {self.riding[0]} has not been sent yet")
-        self.riding = (server_round, list(evaluation))
+    def hold(self, evaluation: HeldEvaluation) -> None:
+        """Hold ``evaluation`` back for the next phase: each of its messages rides on its client's
+        message there if the client evaluates riding evaluations, else it goes alone in that
+        phase. :meth:`take_sent_held` has it back, with its replies, after that phase."""
+        if self.held is not None:
+            raise RuntimeError(f"the evaluation of round {self.held.round} has not been sent yet")
+        self.held = evaluation
 
-    def take_ridden(self) -> Ridden | None:
-        """The replies of the evaluation that went with the last phase (once), or None."""
-        ridden, self.ridden = self.ridden, None
-        return ridden
+    def take_sent_held(self) -> HeldEvaluation | None:
+        """The held evaluation the last phase took, with its replies (once), or None."""
+        sent, self.sent_held = self.sent_held, None
+        return sent
 
-    def _attach_riding(self, messages: list[Message]) -> tuple[list[Message], set[int]]:
-        """The phase's messages with the held-back evaluation on them or beside them, and the
-        nodes whose message carries one."""
-        rnd, evaluation = self.riding
-        self.riding = None
-        self.ridden = Ridden(rnd)
+    def _with_held(self, messages: list[Message], held: HeldEvaluation) -> tuple[list[Message], dict[int, int], set[int]]:
+        """The phase's messages with the held evaluation on them or beside them, addressed to
+        each client's node now; the evaluated nodes (node -> client) and those whose message carries one."""
         hosts = {m.metadata.dst_node_id: m for m in messages if m.metadata.message_type != MessageType.EVALUATE}
-        alone, carried = [], set()
-        for ev in evaluation:
-            node = ev.metadata.dst_node_id
-            if node in hosts and self.client_of.get(node) in self.riders:
+        alone, carried, evaluated = [], set(), {}
+        for cid in held.clients:
+            node = self.node_of.get(cid)
+            if node is None:
+                continue
+            evaluated[node] = cid
+            ev = Message(held.content(cid), dst_node_id=node, message_type=MessageType.EVALUATE)
+            if node in hosts and cid in self.riders:
                 single_message.attach(hosts[node], ev)
                 carried.add(node)
             else:
                 alone.append(ev)
-        return [*messages, *alone], carried
+        return [*messages, *alone], evaluated, carried
 
     def phase(self, grid: Grid, messages: list[Message], timeout: float) -> Phase:
-        """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on. A
-        held-back evaluation (:meth:`ride`) goes along; its replies go to :meth:`take_ridden`."""
-        riding = self.riding is not None
-        evaluated = {m.metadata.dst_node_id for m in self.riding[1]} if riding else set()
-        if riding:
-            messages, carried = self._attach_riding(messages)
+        """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on. A held
+        evaluation (:meth:`hold`) goes along; its replies go to :meth:`take_sent_held`."""
+        held, self.held = self.held, None
+        to = {(m.metadata.dst_node_id, m.metadata.message_type): self.client_of.get(m.metadata.dst_node_id) for m in messages}
+        evaluated: dict[int, int] = {}
+        carried: set[int] = set()
+        if held is not None:
+            messages, evaluated, carried = self._with_held(messages, held)
         down = sum(payload_bytes(m.content) for m in messages)
         replies = send_and_receive(grid, messages, timeout)
         replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
         up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
         answered = {(r.metadata.src_node_id, r.metadata.message_type) for r in replies}
-        missing = sorted({self.client_of[m.metadata.dst_node_id] for m in messages if (m.metadata.dst_node_id, m.metadata.message_type) not in answered})
-        if riding:
+        missing = sorted({c for key, c in to.items() if key not in answered and c is not None})
+        if held is not None:
             own = []
             for r in replies:
                 node = r.metadata.src_node_id
                 if r.metadata.message_type == MessageType.EVALUATE and node in evaluated:
-                    self.ridden.replies.append(r)
+                    held.replies.append(r)
                     continue
                 if node in carried:
                     r, ev = single_message.split(r)
                     if ev is not None:
-                        self.ridden.replies.append(ev)
+                        held.replies.append(ev)
                 own.append(r)
             replies = own
-            answered_ev = {r.metadata.src_node_id for r in self.ridden.replies}
-            self.ridden.missing = sorted(self.client_of[n] for n in evaluated if n not in answered_ev)
+            answered_ev = {r.metadata.src_node_id for r in held.replies}
+            held.missing = sorted({c for c in held.clients if self.node_of.get(c) not in answered_ev})
+            self.sent_held = held
         return Phase(replies, down, up, missing)
 
     def state_dict(self) -> dict:

@@ -2,40 +2,61 @@
 any other client sees it.
 
 A reply goes through :func:`~pflower.strategies.validation.check_reply` (error replies, client
-id, ``num-examples``, arrays: keys, shapes, dtypes, NaN/Inf, non-finite metrics), then the bounds:
-``num-examples`` at most ``max-examples-factor`` times what the client reported before, and the
-update norm (uploaded minus what the client started from) at most ``max-update-norm``. A
-rejected reply is logged with its client and reason, counted per reason (metrics.json
-``rejected``) and kept in this round's problems (a round that fails names them).
+id, arrays: keys, shapes, dtypes, NaN/Inf; every metric as :mod:`pflower.reply_metrics` and the
+method's declaration declare it, counts at most ``max-examples-factor`` times what the client
+declared at its identity reply or first reported), then the update norm (uploaded minus what
+the client started from) at most ``max-update-norm``. A rejected reply is logged with its
+client and reason, counted per reason under the round it belongs to (metrics.json
+``rejected``; a riding evaluation's under the round it evaluates: :meth:`ReplyGate.round_of`)
+and kept in that round's problems (a round that fails names them).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from logging import WARNING
 
 import torch
 from flwr.app import ArrayRecord, Message, MessageType
 from flwr.common.logger import log
 
+from pflower import reply_metrics
 from pflower.strategies.validation import ArraySpec, Rejected, Reply, check_arrays, check_reply
+
+#: What a count's ``of`` refers to: the message type whose first count bounds it.
+_SPLITS = {"train": MessageType.TRAIN, "test": MessageType.EVALUATE}
 
 
 class ReplyGate:
-    """Validation, bounds and counts; see the module docstring."""
+    """Validation, bounds and counts; see the module docstring. ``schemas``: the metrics each
+    message type's replies may hold (default: those every pflower ClientApp sends)."""
 
-    def __init__(self, max_update_norm: float = 0.0, max_examples_factor: float = 2.0):
+    def __init__(self, max_update_norm: float = 0.0, max_examples_factor: float = 2.0, schemas: Mapping[str, Mapping] | None = None):
         self.max_update_norm = max_update_norm
         self.max_examples_factor = max_examples_factor
+        self.schemas: dict[str, Mapping] = {MessageType.TRAIN: reply_metrics.TRAIN, MessageType.EVALUATE: reply_metrics.EVALUATE, **(schemas or {})}
+        self.num_clients = 0  # the federation's, once known: client ids reported stay below it
         self.rejected: Counter[str] = Counter()
         self.problems: list[str] = []  # this round's rejections, "client 3: reason"
-        #: The samples each client reported first, per message type (training: from its identity).
+        #: The samples each client declared (identity) or reported first, per message type.
         self.reported: dict[str, dict[int, int]] = {MessageType.TRAIN: {}, MessageType.EVALUATE: {}}
 
     def new_round(self) -> None:
-        self.rejected.clear()
-        self.problems.clear()
+        self.rejected = Counter()
+        self.problems = []
+
+    @contextmanager
+    def round_of(self, rejected: Mapping[str, int]) -> Iterator[Counter[str]]:
+        """Count rejections into another round's counts (``rejected``, that round's so far) for
+        the block: a riding evaluation's replies belong to the round they evaluate. Yields them."""
+        now = (self.rejected, self.problems)
+        self.rejected, self.problems = Counter(rejected), []
+        try:
+            yield self.rejected
+        finally:
+            self.rejected, self.problems = now
 
     def reject(self, client: int | None, err: Rejected, what: str = "") -> None:
         """Count and log one rejected reply (or relayed record)."""
@@ -43,13 +64,16 @@ class ReplyGate:
         self.problems.append(f"client {client}: {what + ': ' if what else ''}{err}")
         log(WARNING, "Rejected %sfrom client %s: %s", f"{what} " if what else "a reply ", client, err)
 
-    def _bounds(self, reply: Reply, kind: str, spec: Mapping[str, ArraySpec] | None, reference) -> None:
-        before = self.reported[kind].get(reply.client_id)
-        if before is not None and reply.num_examples > self.max_examples_factor * before:
-            raise Rejected(
-                "num-examples",
-                f"num-examples {reply.num_examples} exceeds max-examples-factor={self.max_examples_factor:g} x the {before} it reported before",
-            )
+    def bound(self, client: int | None) -> Callable[[str], float | None]:
+        """The largest count ``client`` may state of a split: ``max-examples-factor`` times what it declared."""
+
+        def most(of: str) -> float | None:
+            before = self.reported[_SPLITS[of]].get(client)
+            return None if before is None else self.max_examples_factor * before
+
+        return most
+
+    def _bounds(self, reply: Reply, spec: Mapping[str, ArraySpec] | None, reference) -> None:
         if spec and self.max_update_norm > 0 and reference is not None and (ref := reference(reply.client_id)) is not None:
             norm = sum(float((reply.arrays[k].double() - ref[k].double()).square().sum()) for k in spec) ** 0.5
             if norm > self.max_update_norm:
@@ -76,10 +100,10 @@ class ReplyGate:
             try:
                 if expected is None:
                     raise Rejected("unknown-node", f"node {msg.metadata.src_node_id} is not a known client")
-                reply = check_reply(msg, expected, spec)
+                reply = check_reply(msg, expected, spec, self.schemas[kind], self.bound(expected), self.num_clients)
                 if reply.client_id in valid:
                     raise Rejected("duplicate", "second reply in one phase")
-                self._bounds(reply, kind, spec, reference)
+                self._bounds(reply, spec, reference)
                 if check is not None:
                     check(reply)
             except Rejected as err:

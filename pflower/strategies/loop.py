@@ -38,8 +38,9 @@ from pflower.checkpoint import Checkpoint, save_checkpoint
 from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import Recorder
-from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase, Ridden
+from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
 from pflower.strategies.gate import ReplyGate
+from pflower.strategies.held import STATE_AFTER, HeldEvaluation
 from pflower.strategies.validation import ArraySpec, Reply
 from pflower.tracking import open_trackers
 
@@ -155,9 +156,10 @@ class PflStrategy(Strategy):
         return {}
 
     def state_dict(self) -> dict:
-        """Everything a resumed run needs (tensors, numbers, strings; loadable with weights_only)."""
-        pending = self.federation.riding[0] if self.federation.riding else 0
-        return {**self.federation.state_dict(), **self.gate.state_dict(), "pending-evaluation": pending}
+        """Everything a resumed run needs (tensors, numbers, strings; loadable with weights_only),
+        the evaluation held for the next round included."""
+        held = self.federation.held.state_dict() if self.federation.held is not None else None
+        return {**self.federation.state_dict(), **self.gate.state_dict(), "held-evaluation": held}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` after discovery found the clients again and :meth:`prepare` ran."""
@@ -205,9 +207,9 @@ class PflStrategy(Strategy):
         if not self.evaluates(rnd):
             return Phase([], 0, 0, [])
         self.federation.query_new_nodes(grid, self.round_timeout)  # e.g. a client that died in training and is back
-        msgs = self.configure_evaluate(rnd, self.global_arrays(), ConfigRecord(config), grid)
+        msgs = self.configure_evaluate(rnd, self.global_arrays(), ConfigRecord({**config, STATE_AFTER: rnd}), grid)
         if self.single_message and rnd < self.num_rounds:
-            self.federation.ride(rnd, msgs)
+            self.federation.hold(HeldEvaluation.of(rnd, msgs, self.federation.client_of))
             return Phase([], 0, 0, [])
         phase = self.federation.phase(grid, msgs, self.round_timeout)
         self.evaluated(rnd, phase.replies, result)
@@ -234,6 +236,8 @@ class PflStrategy(Strategy):
                 f"identity query); {len(nodes)} node(s) have no query handler: {nodes[:5]}"
             )
         self.gate.reported[MessageType.TRAIN].update(self.federation.num_examples)
+        self.gate.reported[MessageType.EVALUATE].update(self.federation.test_examples)
+        self.gate.num_clients = self.federation.num_clients
         self.prepare(initial_arrays)
         self.federation.fixed = True
         return initial_arrays
@@ -272,9 +276,13 @@ class PflStrategy(Strategy):
             self.load_state_dict(checkpoint.strategy)
             first = checkpoint.round + 1
             log(INFO, "Resuming lineage %s after round %d", lineage, checkpoint.round)
-            if pending := checkpoint.strategy.get("pending-evaluation", 0):  # it rides on the first resumed round
-                config = {**dict(evaluate_config or {}), "server-round": pending, "lineage": lineage}
-                self.federation.ride(pending, self.configure_evaluate(pending, self.global_arrays(), ConfigRecord(config), grid))
+            if (held := checkpoint.strategy.get("held-evaluation")) is not None:  # it goes with the first resumed round
+                self.federation.hold(HeldEvaluation.from_state_dict(held, self.evaluate_arrays))
+            elif pending := checkpoint.strategy.get("pending-evaluation", 0):  # a checkpoint of pflower 0.x before held evaluations
+                config = ConfigRecord({**dict(evaluate_config or {}), "server-round": pending, "lineage": lineage, STATE_AFTER: pending})
+                self.federation.hold(
+                    HeldEvaluation.of(pending, self.configure_evaluate(pending, self.global_arrays(), config, grid), self.federation.client_of)
+                )
         elif evaluate_fn is not None and (res := evaluate_fn(0, self.global_arrays())) is not None:
             result.evaluate_metrics_serverapp[0] = res
             recorder.extra["initial-server-evaluation"] = dict(res)
@@ -294,33 +302,33 @@ class PflStrategy(Strategy):
             self.gate.new_round()
             config = {"server-round": rnd, "lineage": lineage}
             row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
-            if self.federation.riding is not None:  # the round sent no phase to ride on: the evaluation goes alone
+            if self.federation.held is not None:  # the round sent no phase to ride on: the evaluation goes alone
                 alone = self.federation.phase(grid, [], self.round_timeout)
                 row.update({"bytes-down": row["bytes-down"] + alone.down, "bytes-up": row["bytes-up"] + alone.up})
-            if (ridden := self.federation.take_ridden()) is not None:
-                self._ridden(ridden, result, recorder)
+            if (held := self.federation.take_sent_held()) is not None:
+                self._evaluation_back(held, result, recorder)
             ev_phase = self.evaluate_phase(grid, rnd, {**dict(evaluate_config or {}), **config}, result)
             row.update({"bytes-down": row["bytes-down"] + ev_phase.down, "bytes-up": row["bytes-up"] + ev_phase.up,
                         "missing": sorted(set(row["missing"]) | set(ev_phase.missing))})  # fmt: skip
             if evaluate_fn is not None and (res := evaluate_fn(rnd, self.global_arrays())) is not None:
                 result.evaluate_metrics_serverapp[rnd] = res
                 row["server-evaluation"] = dict(res)
-            riding = self.federation.riding is not None
-            recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0), log_it=not riding)
+            recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0), log_it=self.federation.held is None)
             if recorder.dir is not None:
                 save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, self.run_config, self.state_dict(), recorder.rounds))
         recorder.finish()
         return result
 
-    def _ridden(self, ridden: Ridden, result: Result, recorder: Recorder) -> None:
-        """Round ``ridden.round``'s evaluation came back with this round's replies: aggregate it
-        and complete that round's row."""
-        self.evaluated(ridden.round, ridden.replies, result)
-        fields = self._evaluation(ridden.round, result)
-        row = next(r for r in recorder.rounds if r["round"] == ridden.round)
-        if ridden.missing:
-            fields["missing"] = sorted(set(row["missing"]) | set(ridden.missing))
-        recorder.complete_round(ridden.round, fields)
+    def _evaluation_back(self, held: HeldEvaluation, result: Result, recorder: Recorder) -> None:
+        """Round ``held.round``'s evaluation came back with this round's replies: aggregate it
+        (its rejections counted in that round's row) and complete that round's row."""
+        row = next(r for r in recorder.rounds if r["round"] == held.round)
+        with self.gate.round_of(row["rejected"]) as rejected:
+            self.evaluated(held.round, held.replies, result)
+        fields = {**self._evaluation(held.round, result), "rejected": dict(rejected)}
+        if held.missing:
+            fields["missing"] = sorted(set(row["missing"]) | set(held.missing))
+        recorder.complete_round(held.round, fields)
 
     def _evaluation(self, rnd: int, result: Result) -> dict:
         """Round ``rnd``'s evaluation entries of its metrics.json row (none before it is back)."""

@@ -52,7 +52,7 @@ class SuperFed(FedAvg):
         acc = np.array(curves, dtype=np.float64)
         return {
             "lambda-curve": [float(x) for x in acc.mean(axis=0)],
-            "lambda-chosen": {str(c): float(m["lambda"]) for c, m in sorted(self.eval_metrics.items())},
+            "lambda-chosen": {str(c): float(m["lambda"]) for c, m in sorted(self.eval_metrics.items()) if "lambda" in m},
             "lambda-pooled-val-loss": list(self.pooled_val_loss),
             "oracle-accuracy": float(acc.max(axis=1).mean()),
         }

@@ -1,0 +1,203 @@
+"""Every method, every schedule: a ServerApp that dies in any round and resumes, or a SuperNode
+that restarts between any two rounds with an evaluation held back, ends with the metrics.json of
+the uninterrupted run, every round and every client.
+
+In process (the fast layer): the real strategies and the real ClientApp on 3 clients of digits,
+2 of them training each round, so that the third gets its evaluation alone; two schedules
+(evaluation every round, and every 2nd round by 2 of the 3 clients). A crash is a new
+federation: fresh client contexts and the ClientApp's per-process caches dropped, as a new
+process has them; a restarted SuperNode is a new node id with a fresh context.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+from conftest import InProcessGrid, run_config
+
+from pflower.build import build_strategy
+from pflower.checkpoint import load_checkpoint
+from pflower.config import load_settings
+from pflower.methods import declarations
+from pflower.strategies import loop
+from pflower.strategies.federation import Federation
+
+#: The ClientApp's module (the package exports the ClientApp under the same name).
+client_app = importlib.import_module("pflower.client_app.app")
+CLIENTS = 3
+#: Samples per client: enough for every method's splits (held-out shares included), few enough
+#: that the sweep's ~300 rounds take a minute or two.
+SAMPLES = 60
+SCHEDULES = {
+    "evaluate-every-1": {"num-server-rounds": 4, "evaluate-every": 1, "fraction-train": 0.67},
+    "evaluate-every-2": {"num-server-rounds": 5, "evaluate-every": 2, "fraction-train": 0.67, "fraction-evaluate": 0.67},
+}
+#: The time per round differs between any two runs.
+TIME = {"wall-seconds"}
+
+
+class Crash(Exception):
+    """The ServerApp process died."""
+
+
+@pytest.fixture(autouse=True)
+def _no_figures(monkeypatch):
+    """The figures a finished run draws are not what these tests check (and a third of their time)."""
+    monkeypatch.setattr("pflower.results.draw_run", lambda doc, directory: [])
+
+
+_FULL: dict[tuple[str, str], dict] = {}
+
+
+def _uninterrupted(tmp_path_factory, method: str, schedule: str) -> dict:
+    """The run without faults (once per process for each method and schedule)."""
+    if (method, schedule) not in _FULL:
+        _FULL[method, schedule] = _run(_config(method, schedule, tmp_path_factory.mktemp("full")))
+    return _FULL[method, schedule]
+
+
+def _config(method: str, schedule: str, results, **more) -> dict:
+    cfg = {**run_config(local_epochs=1, samples_per_client=SAMPLES), **declarations()[method].example, "method": method, **SCHEDULES[schedule], **more}
+    return {**cfg, "results-dir": str(results)}
+
+
+def _new_process() -> None:
+    """Drop what a ClientApp process caches (models, method objects, runtimes): a new process."""
+    client_app._shared.cache_clear()
+    client_app._runtime.cache_clear()
+
+
+def _run(cfg: dict, grid: InProcessGrid | None = None) -> dict:
+    settings = load_settings(cfg)
+    checkpoint = load_checkpoint(settings) if settings.resume_from else None
+    build_strategy(settings).start(grid=grid or InProcessGrid(client_app.app, cfg, CLIENTS), checkpoint=checkpoint)
+    return json.loads((settings.results_path / "metrics.json").read_text())
+
+
+def _rows(doc: dict) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIME} for r in doc["rounds"]]
+
+
+def _crash_in(monkeypatch, rnd: int) -> None:
+    """The ServerApp dies in round ``rnd``: in an odd round after its first phase came back (the
+    sampled clients trained, or planned, and went on), in an even one just before its checkpoint
+    (every client of the round saved its state for it)."""
+    if rnd % 2:
+        real = Federation.phase
+
+        def phase(self, grid, messages, timeout):
+            out = real(self, grid, messages, timeout)
+            if any(m.metadata.message_type != "evaluate" and int(m.content["config"]["server-round"]) == rnd for m in messages):
+                raise Crash(f"after round {rnd}'s first phase")
+            return out
+
+        monkeypatch.setattr(Federation, "phase", phase)
+    else:
+        real = loop.save_checkpoint
+
+        def save(directory, ckpt):
+            if ckpt.round == rnd:
+                raise Crash(f"before round {rnd}'s checkpoint")
+            return real(directory, ckpt)
+
+        monkeypatch.setattr(loop, "save_checkpoint", save)
+
+
+#: Each method's tests on one xdist worker, which runs its uninterrupted runs once.
+METHODS = [pytest.param(m, marks=pytest.mark.xdist_group(f"sweep-{m}")) for m in sorted(declarations())]
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_path_factory, monkeypatch, method, schedule):
+    """One lineage crashed in every round r = 2..R, each leg resumed from the last: the final
+    metrics.json equals the uninterrupted run's byte for byte (bytes sent included), time aside."""
+    full = _uninterrupted(tmp_path_factory, method, schedule)
+    rounds = SCHEDULES[schedule]["num-server-rounds"]
+    resume = ""
+    for leg, rnd in enumerate(range(2, rounds + 2)):
+        _new_process()
+        cfg = _config(method, schedule, tmp_path / f"leg{leg}", **({"resume-from": resume} if resume else {}))
+        if rnd <= rounds:
+            with monkeypatch.context() as m:
+                _crash_in(m, rnd)
+                with pytest.raises(Crash):
+                    _run(cfg)
+        else:
+            doc = _run(cfg)
+        resume = str(tmp_path / f"leg{leg}")
+    assert _rows(doc) == _rows(full)
+    assert doc["final"] == full["final"]
+    assert all(not r["rejected"] for r in doc["rounds"]), [r["rejected"] for r in doc["rounds"]]
+
+
+class RestartingGrid(InProcessGrid):
+    """A grid whose SuperNodes restart when asked: the old node id is gone for good, the node
+    comes back under a new one with a fresh context (its state on disk is kept)."""
+
+    def restart(self, client: int) -> None:
+        from flwr.app import Context, RecordDict
+
+        old = next(n for n, c in self.contexts.items() if c.node_config["partition-id"] == client and n not in self.offline)
+        self.offline.add(old)
+        context = self.contexts[old]
+        new = max(self.contexts) + 1
+        self.contexts[new] = Context(1, new, dict(context.node_config), RecordDict(), dict(context.run_config))
+
+
+def _restarting(monkeypatch, grid: RestartingGrid, during: bool) -> None:
+    """After every round that holds its evaluation back, the SuperNode of one client (0, 1, 2, 0,
+    ...) restarts: between the rounds (``during`` False), or after the next round found its
+    clients, as its first phase is about to send (the messages for the old node id are lost)."""
+    real_evaluate, real_phase = loop.PflStrategy.evaluate_phase, Federation.phase
+    pending: list[int] = []
+
+    def evaluate_phase(self, grid_, rnd, config, result):
+        phase = real_evaluate(self, grid_, rnd, config, result)
+        if self.evaluates(rnd) and rnd < self.num_rounds:  # held back for the next round
+            (pending.append if during else grid.restart)((rnd - 1) % CLIENTS)
+        return phase
+
+    def phase(self, grid_, messages, timeout):
+        while pending:
+            grid.restart(pending.pop())
+        return real_phase(self, grid_, messages, timeout)
+
+    monkeypatch.setattr(loop.PflStrategy, "evaluate_phase", evaluate_phase)
+    monkeypatch.setattr(Federation, "phase", phase)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_supernode_restarting_with_an_evaluation_held_back_changes_nothing(tmp_path, tmp_path_factory, monkeypatch, method):
+    """Between every two rounds a SuperNode restarts while the evaluation of the round before is
+    held back for it: each time the client comes back under its client id, gets that evaluation
+    and evaluates the state it names, restored from disk. The run completes with the metrics of
+    the run without restarts."""
+    full = _uninterrupted(tmp_path_factory, method, "evaluate-every-1")
+    cfg = _config(method, "evaluate-every-1", tmp_path / "restarts")
+    grid = RestartingGrid(client_app.app, cfg, CLIENTS)
+    _restarting(monkeypatch, grid, during=False)
+    doc = _run(cfg, grid)
+    assert _rows(doc) == _rows(full)
+    assert len(grid.offline) == SCHEDULES["evaluate-every-1"]["num-server-rounds"] - 1
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_supernode_restarting_as_the_round_sends_loses_only_what_it_was_sent(tmp_path, monkeypatch, method):
+    """The SuperNode restarts after the next round found its clients: the message to its old node
+    id (that round's training with the held evaluation on it, or the evaluation alone) is lost.
+    The run completes; the evaluation's round says the client is missing and evaluated without
+    it, the next round says it missed that round, and the client is back for the last."""
+    cfg = _config(method, "evaluate-every-1", tmp_path / "restarts")
+    grid = RestartingGrid(client_app.app, cfg, CLIENTS)
+    _restarting(monkeypatch, grid, during=True)
+    doc = _run(cfg, grid)
+    rows = doc["rounds"]
+    for rnd in (1, 2, 3):
+        client = (rnd - 1) % CLIENTS
+        assert client in rows[rnd - 1]["missing"] and rows[rnd - 1]["evaluated"] == CLIENTS - 1, rows[rnd - 1]
+        assert str(client) not in rows[rnd - 1]["per-client-accuracy"]
+        assert client in rows[rnd]["missing"], rows[rnd]
+    assert rows[-1]["evaluated"] == CLIENTS and sorted(doc["final"]["per-client-accuracy"]) == ["0", "1", "2"]
