@@ -47,6 +47,8 @@ def main():
     if what == "sleep":
         open(rest[0], "w").write(str(os.getpid()))
         time.sleep(float(rest[1]))
+    if what == "ls":
+        print(json.dumps(sorted(os.listdir(rest[0]))))
 """
 
 
@@ -76,7 +78,7 @@ def _status(sock: Path) -> dict | None:
 class Node:
     """A probe fork server (no preload: starts in a fraction of a second) and a shim beside it."""
 
-    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main"):
+    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main", wrap: tuple[str, ...] = (), path: str = "", program: Path = WARM):
         self.root = root
         (root / "probe").mkdir(parents=True, exist_ok=True)
         (root / "probe" / "warm_probe.py").write_text(PROBE)
@@ -86,8 +88,8 @@ class Node:
         self.fake.mkdir(exist_ok=True)
         (self.fake / "flwr-clientapp").write_text('#!/bin/sh\necho "cold $*"\nexit 3\n')
         (self.fake / "flwr-clientapp").chmod(0o755)
-        env = {**os.environ, "PYTHONPATH": str(root / "probe"), "PATH": f"{self.fake}:{os.environ['PATH']}"}
-        cmd = [sys.executable, str(WARM), "serve", "--socket", str(self.sock), "--preload", preload] + (["--entry", entry] if entry else [])
+        env = {**os.environ, "PYTHONPATH": str(root / "probe"), "PATH": f"{path}{self.fake}:{os.environ['PATH']}"}
+        cmd = [*wrap, sys.executable, str(program), "serve", "--socket", str(self.sock), "--preload", preload] + (["--entry", entry] if entry else [])
         self.log = open(root / "server.log", "wb")
         self.server = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         _wait(lambda: _status(self.sock) is not None or self.server.poll() is not None, 60, "the fork server")
@@ -98,7 +100,8 @@ class Node:
 
     def run(self, *args, **kw) -> subprocess.CompletedProcess:
         kw.setdefault("env", self.env())
-        return subprocess.run([str(self.shim), *args], capture_output=True, text=True, timeout=60, **kw)
+        kw.setdefault("timeout", 60)
+        return subprocess.run([str(self.shim), *args], capture_output=True, text=True, **kw)
 
     def popen(self, *args) -> subprocess.Popen:
         return subprocess.Popen([str(self.shim), *args], env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -106,7 +109,11 @@ class Node:
     def stop(self):
         if self.server.poll() is None:
             self.server.terminate()
-            self.server.wait(10)
+            try:
+                self.server.wait(10)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait(10)
         self.log.close()
 
 
@@ -255,6 +262,85 @@ def test_the_server_refuses_other_users_and_other_network_namespaces(tmp_path):
     finally:
         n.stop()
         shutil.rmtree(root)
+
+
+# ------------------------------------------------------------------- failing closed (each refusal goes cold)
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, mounts, capabilities, other uids)")
+NO_DAC = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--")  # root that file modes bind like anyone
+
+
+def _needs(*tools: str) -> None:
+    if missing := [t for t in tools if not shutil.which(t)]:
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+def _cold(done: subprocess.CompletedProcess, why: str) -> None:
+    assert done.returncode == 3 and done.stdout.startswith("cold "), done.stdout + done.stderr
+    assert why in done.stderr and "(cold)" in done.stderr, done.stderr
+
+
+@ROOT_ONLY
+def test_unsearchable_path_folders_are_skipped_by_the_server_and_the_cold_fallback(tmp_path):
+    """A PATH folder this user may not search (root without DAC capabilities here): skipped."""
+    _needs("setpriv")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    locked.chmod(0o000)
+    n = Node(tmp_path, wrap=NO_DAC, path=f"{locked}:")
+    try:
+        env = n.env(PATH=f"{n.shim.parent}:{locked}:{n.fake}:/usr/bin:/bin")
+        done = subprocess.run([*NO_DAC, str(n.shim), "ls", "/"], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0 and "pflower-warm" not in done.stderr, done.stderr
+        warm.switch(n.sock.parent, False)
+        _cold(subprocess.run([*NO_DAC, str(n.shim), "report", "x"], env=env, capture_output=True, text=True, timeout=30), "switched cold")
+    finally:
+        n.stop()
+        locked.chmod(0o700)
+
+
+FORK_DIES = r"""
+import os, sys, time
+sys.path.insert(0, %r)
+import warm
+report, fork = %r, os.fork
+
+
+def dying_fork():
+    server = os.getpid()
+    child = fork()
+    if child:  # the server dies right after the fork
+        open(report, "w").write(str(child))
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while os.getppid() == server and time.monotonic() < deadline:  # the child goes on once it is orphaned
+        time.sleep(0.01)
+    return 0
+
+
+os.fork = dying_fork
+sys.exit(warm.main(sys.argv[1:]))
+"""
+
+
+def test_a_child_whose_server_dies_at_the_fork_does_not_outlive_it(tmp_path):
+    """The server dies between the fork and the child's PR_SET_PDEATHSIG: the child compares its
+    parent with the server's pid recorded before the fork, and exits instead of running."""
+    forked, ran = tmp_path / "forked.pid", tmp_path / "ran.pid"
+    (tmp_path / "fork_dies.py").write_text(FORK_DIES % (str(WARM.parent), str(forked)))
+    n = Node(tmp_path, program=tmp_path / "fork_dies.py")
+    child = None
+    try:
+        with open(tmp_path / "shim.out", "w+") as out:  # not a pipe: an orphan holding it would keep the shim's caller waiting
+            code = subprocess.run([str(n.shim), "sleep", str(ran), "60"], env=n.env(), stdout=out, stderr=subprocess.STDOUT, timeout=30).returncode
+        assert code == 3 and "did not start the ClientApp" in (tmp_path / "shim.out").read_text()  # the server died before it answered
+        _wait(lambda: forked.exists() and forked.read_text(), what="the fork")
+        child = int(forked.read_text())
+        _wait(lambda: not _alive(child) or ran.exists(), 15, "the orphaned child to exit or run")
+        assert not ran.exists(), "the child ran the message after its server had died"
+    finally:
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        n.stop()
 
 
 def test_the_wrapper_restarts_a_dead_server_and_exits_as_its_command(tmp_path):

@@ -97,11 +97,15 @@ def is_shim(path: Path) -> bool:
 
 
 def real_command(path: str | None = None) -> str | None:
-    """The first ``flwr-clientapp`` on ``path`` (default: ``PATH``) that is not a shim."""
+    """The first ``flwr-clientapp`` on ``path`` (default: ``PATH``) that is not a shim; folders
+    this user may not search are skipped, as a shell skips them."""
     for folder in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
         candidate = Path(folder or ".") / COMMAND
-        if candidate.is_file() and os.access(candidate, os.X_OK) and not is_shim(candidate):
-            return str(candidate)
+        try:
+            if candidate.is_file() and os.access(candidate, os.X_OK) and not is_shim(candidate):
+                return str(candidate)
+        except OSError:  # PermissionError from stat(): an unsearchable folder
+            continue
     return None
 
 
@@ -243,6 +247,7 @@ class ForkServer:
                 "cuda-initialized": bool(torch and torch.cuda.is_initialized())}  # fmt: skip
 
     def serve_forever(self) -> None:
+        self.pid = os.getpid()  # what each child checks its parent against, after the fork
         self.original = {s: signal.getsignal(s) for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -371,13 +376,12 @@ class ForkServer:
 
     def _child(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
         """In the forked child: become the message's ``flwr-clientapp`` and exit as it does."""
-        server = os.getppid()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the server
+        if os.getppid() != self.pid:  # the server died before the line above: no signal will come
+            os._exit(1)
         signal.set_wakeup_fd(-1)
         for sig, handler in self.original.items():
             signal.signal(sig, handler)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the server
-        if os.getppid() != server:
-            os._exit(1)
         _prctl(PR_SET_NAME, COMMAND.encode()[:15])
         os.setpgid(0, 0)  # the server kills this group when the shim goes away
         self.sel.close()
