@@ -4,6 +4,7 @@ cwd, crashes, signals, a killed shim, a dead server, the cold fallback, private 
 wrapper's restarts), one server with the real preload (Flower's entry point runs, nothing of
 pflower or CUDA loaded, no extra thread), and the Flower 1.39.0 contract the shim relies on."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -267,6 +268,7 @@ def test_the_server_refuses_other_users_and_other_network_namespaces(tmp_path):
 # ------------------------------------------------------------------- failing closed (each refusal goes cold)
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, mounts, capabilities, other uids)")
 NO_DAC = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--")  # root that file modes bind like anyone
+NO_PTRACE = ("setpriv", "--bounding-set", "-sys_ptrace", "--")  # root that may not read a non-dumpable process's /proc links
 
 
 def _needs(*tools: str) -> None:
@@ -277,6 +279,159 @@ def _needs(*tools: str) -> None:
 def _cold(done: subprocess.CompletedProcess, why: str) -> None:
     assert done.returncode == 3 and done.stdout.startswith("cold "), done.stdout + done.stderr
     assert why in done.stderr and "(cold)" in done.stderr, done.stderr
+
+
+def _exchange(sock: Path, data: bytes, fds=(0, 1, 2), timeout: float = 10) -> bytes:
+    """Send ``data`` (with ``fds``) as a request, stop writing, and read the answer to its end."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        with contextlib.suppress(OSError):  # the server may refuse before it has read everything
+            socket.send_fds(s, [data], list(fds)) if fds else s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):  # it closed with bytes of ours unread
+            while chunk := s.recv(4096):
+                answer += chunk
+        return answer
+
+
+def _body(text: bytes) -> bytes:
+    return warm.HEADER.pack(len(text)) + text
+
+
+@ROOT_ONLY
+def test_a_shim_in_another_mount_or_pid_namespace_goes_cold(node, tmp_path):
+    """A requester with a tmpfs over a private folder must not get a child that lists the folder
+    (nor run a FAB from its own endpoint): mount, pid, network and user namespaces must match."""
+    _needs("unshare")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("x")
+    hidden = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs none "$1" && exec "$2" ls "$1"', "sh", str(secret), str(node.shim)],
+                            env=node.env(), capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert "key.txt" not in hidden.stdout
+    _cold(hidden, "another mount namespace")
+    _cold(subprocess.run(["unshare", "--pid", "--fork", str(node.shim), "report", "x"], env=node.env(), capture_output=True, text=True, timeout=30),
+          "another pid namespace")  # fmt: skip
+    assert _status(node.sock)["forked"] == 0
+
+
+@ROOT_ONLY
+def test_a_server_that_cannot_see_the_shims_pid_refuses_it(tmp_path):
+    """The server in a pid namespace of its own (as in a container) sees the shim's pid as 0."""
+    _needs("unshare")
+    n = Node(tmp_path, wrap=("unshare", "--pid", "--fork", "--kill-child"))
+    try:
+        _cold(n.run("report", "x"), "not visible in the fork server's pid namespace")
+        assert _status(n.sock)["forked"] == 0
+    finally:
+        n.server.kill()  # unshare ignores SIGTERM; its --kill-child takes the server along
+        n.stop()
+
+
+@ROOT_ONLY
+def test_a_shim_whose_namespaces_cannot_be_read_goes_cold(tmp_path):
+    """A non-dumpable shim's /proc links are hidden from a server without CAP_SYS_PTRACE: refused."""
+    _needs("setpriv")
+    n = Node(tmp_path, wrap=NO_PTRACE)
+    try:
+        run = f"import ctypes, sys; sys.path.insert(0, {str(WARM.parent)!r}); import warm; sys.argv = [{str(n.shim)!r}, 'ls', '/']; "
+        dumpable = subprocess.run([*NO_PTRACE, sys.executable, "-c", run + "sys.exit(warm.shim())"], env=n.env(), capture_output=True, text=True, timeout=30)
+        assert dumpable.returncode == 0 and "pflower-warm" not in dumpable.stderr, dumpable.stderr  # same capabilities: readable
+        hidden = run + "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); sys.exit(warm.shim())"  # PR_SET_DUMPABLE 0
+        _cold(subprocess.run([*NO_PTRACE, sys.executable, "-c", hidden], env=n.env(), capture_output=True, text=True, timeout=30),
+              "namespaces cannot be compared")  # fmt: skip
+        assert _status(n.sock)["forked"] == 1
+    finally:
+        n.stop()
+
+
+def test_malformed_requests_and_signal_lines_never_end_the_server(node, tmp_path):
+    """Any bytes: wrong types, deep nesting, huge numbers, bad UTF-8, NUL, oversize or lying
+    lengths, too many or too few fds, and a fuzz of random byte strings. Each is answered with an
+    error or dropped; the server goes on serving."""
+    import random
+
+    bad = [b"[]", b"{}", b"null", b"1e999", b"9" * 5000, b"[" * 200_000, b"\xff\xfe", b'{"op": "status", "x": 1}',
+           b'{"argv": "x", "env": {}, "cwd": "/"}', b'{"argv": [], "env": {}, "cwd": "/"}', b'{"argv": [1], "env": {}, "cwd": "/"}',
+           b'{"argv": ["x"], "env": {"A": 1e999}, "cwd": "/"}', b'{"argv": ["x"], "env": {"A=B": "c"}, "cwd": "/"}',
+           b'{"argv": ["x\\u0000"], "env": {}, "cwd": "/"}', b'{"argv": ["x"], "env": [], "cwd": 5}',
+           b'{"argv": ["x"], "env": {}, "cwd": "/", "more": 1}']  # fmt: skip
+    for body in bad:
+        answer = _exchange(node.sock, _body(body))
+        assert b'"error": "bad request' in answer, (body[:40], answer)
+    good = json.dumps({"argv": ["x", "ls", "/"], "env": {}, "cwd": "/"}).encode()
+    assert b"bad request" in _exchange(node.sock, warm.HEADER.pack(0xFFFFFFFF) + b"{}")
+    assert b"bad request" in _exchange(node.sock, _body(good) + b"extra")
+    assert b"bad request: 0 fds" in _exchange(node.sock, _body(good), fds=())
+    assert b"more than 3 fds" in _exchange(node.sock, _body(good), fds=(0, 1, 2, 0, 1))
+    assert b"pid" not in _exchange(node.sock, _body(good)[:10])  # cut short: dropped without a child
+    rng = random.Random(7)
+    for i in range(300):
+        junk = rng.randbytes(rng.randrange(1, 300))
+        _exchange(node.sock, _body(junk) if i % 2 else junk, fds=(0, 1, 2) if i % 3 else ())
+    assert node.server.poll() is None and _status(node.sock)["forked"] == 0
+
+    # a running child's connection: junk lines are ignored, an endless line drops it (and its child)
+    pidfile = tmp_path / "child.pid"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s, open(os.devnull, "r+b") as null:
+        s.settimeout(10)
+        s.connect(str(node.sock))
+        replies = s.makefile("rb")
+        assert json.loads(replies.readline()) == {"ready": True}
+        warm.send_request(s, {"argv": ["x", "sleep", str(pidfile), "60"], "env": {"PYTHONPATH": str(tmp_path / "probe")}, "cwd": "/"}, [null.fileno()] * 3)
+        child = json.loads(replies.readline())["pid"]
+        junk = [b'{"signal": 1e999}', b"[]", b'{"signal": "1"}', b'{"signal": true}', b'{"signal": 9}', b'{"signal": 1' + b"0" * 30 + b"}", b"not json", b"[" * 250]  # fmt: skip
+        s.sendall(b"\n".join(junk) + b"\n")
+        _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+        assert _alive(child) and node.server.poll() is None
+        with contextlib.suppress(OSError):
+            s.sendall(b"x" * 100_000)
+        with contextlib.suppress(ConnectionResetError):  # the server dropped the connection: no buffer grows without bound
+            assert s.recv(4096) == b""
+    _wait(lambda: not _alive(child), 10, "the child to die with its connection")
+    assert node.run("ls", "/").returncode == 0 and _status(node.sock)["forked"] == 2 and node.server.poll() is None
+
+
+def test_slow_clients_stall_nobody_and_are_dropped_at_their_deadline(node):
+    """A client sending a byte now and then, and more idle connections than the server keeps:
+    a shim is served meanwhile, at once; the slow client is dropped at its deadline."""
+    import threading
+
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(warm.MAX_PENDING + 4)]
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stop, closed_at = threading.Event(), []
+
+    def drip():
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            slow.sendall(warm.HEADER.pack(1000))
+            while not stop.is_set():
+                slow.sendall(b" ")
+                stop.wait(0.2)
+        closed_at.append(time.monotonic() - started)
+
+    try:
+        for s in idle:  # the oldest of these are dropped to make room
+            s.connect(str(node.sock))
+            s.sendall(b"\x00")
+        slow.connect(str(node.sock))
+        thread = threading.Thread(target=drip, daemon=True)
+        thread.start()
+        started = time.monotonic()
+        done = node.run("ls", "/", timeout=8)
+        assert done.returncode == 0 and "pflower-warm" not in done.stderr, done.stderr
+        assert time.monotonic() - started < warm.REQUEST_DEADLINE  # not after the slow client's deadline
+        slow.settimeout(warm.REQUEST_DEADLINE + 5)
+        assert b"no whole request within" in slow.recv(4096) + slow.recv(4096)
+        thread.join(10)
+        assert closed_at and closed_at[0] < warm.REQUEST_DEADLINE + 3
+    finally:
+        stop.set()
+        for s in [slow, *idle]:
+            s.close()
+    assert node.server.poll() is None and _status(node.sock)["forked"] == 1
 
 
 @ROOT_ONLY
