@@ -434,6 +434,19 @@ def test_slow_clients_stall_nobody_and_are_dropped_at_their_deadline(node):
     assert node.server.poll() is None and _status(node.sock)["forked"] == 1
 
 
+def test_a_stopped_server_sends_shims_cold_after_their_timeout(node):
+    os.kill(node.server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done = node.run("report", "x", env=node.env(**{warm.ENV_TIMEOUT: "1"}), timeout=20)
+        _cold(done, "did not answer within 1 s")
+        assert time.monotonic() - started < 8
+    finally:
+        os.kill(node.server.pid, signal.SIGCONT)
+    assert node.run("ls", "/").returncode == 0
+    assert _status(node.sock)["forked"] == 1  # the shim that went cold left no child behind
+
+
 @ROOT_ONLY
 def test_unsearchable_path_folders_are_skipped_by_the_server_and_the_cold_fallback(tmp_path):
     """A PATH folder this user may not search (root without DAC capabilities here): skipped."""
@@ -451,6 +464,116 @@ def test_unsearchable_path_folders_are_skipped_by_the_server_and_the_cold_fallba
     finally:
         n.stop()
         locked.chmod(0o700)
+
+
+FAKE_SERVER = r"""
+import json, os, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+if os.path.isdir(os.path.dirname(path)):
+    os.rename(os.path.dirname(path), os.path.dirname(path) + ".old")  # the real server's folder, out of the way
+os.mkdir(os.path.dirname(path), 0o700)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+os.chmod(path, 0o777)
+os.setuid(uid)  # the listener's credentials are those at listen()
+s.listen(1)
+print("ready", flush=True)
+conn, _ = s.accept()
+conn.sendall(b'{"ready": true}\n')
+request = conn.makefile("rb")
+print(request.read(int.from_bytes(request.read(4), "big")).decode(errors="replace"), flush=True)
+conn.sendall(b'{"pid": 1}\n{"status": 0}\n')
+"""
+
+
+def _fake_server(sock: Path, uid: int, as_user: bool) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", FAKE_SERVER, str(sock), str(uid)]
+    if as_user:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
+    fake = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert fake.stdout.readline() == "ready\n", fake.stderr.read()
+    return fake
+
+
+def _token_kept_from(fake: subprocess.Popen, done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    fake.kill()
+    received = fake.communicate(timeout=10)[0]
+    assert "secret-token" not in received, f"the other user got the request: {received[:300]}"
+    return done
+
+
+@ROOT_ONLY
+def test_the_shim_goes_cold_for_a_server_of_another_user(node, tmp_path):
+    """Its folders all root's, but the server listening as another uid: refused, before the
+    shim sends anything."""
+    _needs("setpriv")
+    own = tmp_path / "other-server" / "server.sock"
+    fake = _fake_server(own, 65534, as_user=False)
+    try:
+        done = node.run("--token", "secret-token", env=node.env(**{warm.ENV_SOCKET: str(own)}))
+        _cold(_token_kept_from(fake, done), "it runs as uid 65534")
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+            fake.wait(10)
+
+
+@ROOT_ONLY
+def test_the_shim_goes_cold_under_a_folder_of_another_user(tmp_path):
+    """Another user who owns a folder above the socket could replace the node's folder and
+    receive each message's argv (its token) and environment: every folder up to / must be
+    root's or the node's user's and writable by nobody else."""
+    _needs("setpriv")
+    root = Path(tempfile.mkdtemp(prefix="pflower-warm-test-"))
+    n = Node(root)
+    fake = None
+    try:
+        assert n.run("ls", "/").returncode == 0  # warm while the folders are root's
+        os.chown(root, 65534, 65534)
+        root.chmod(0o755)
+        fake = _fake_server(n.sock, 65534, as_user=True)  # that user moves the node's folder away and puts its own there
+        _cold(_token_kept_from(fake, n.run("--token", "secret-token")), f"{n.sock.parent} belongs to uid 65534")
+        shutil.rmtree(n.sock.parent)
+        Path(f"{n.sock.parent}.old").rename(n.sock.parent)
+        _cold(n.run("ls", "/"), f"{root} belongs to uid 65534")  # the node's own folder, under that user's: cold all the same
+        assert _status(n.sock)["forked"] == 1
+    finally:
+        n.stop()
+        if fake is not None and fake.poll() is None:
+            fake.kill()
+            fake.wait(10)
+        shutil.rmtree(root)
+
+
+def test_which_socket_folders_the_shim_trusts(tmp_path):
+    """Writable by group or others: refused, except a sticky folder of root's (as /tmp) directly
+    above a folder of the node's user. Symbolic links are followed before the check."""
+
+    def sock_in(folder: Path, mode: int = 0o700) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(mode)
+        (folder / "server.sock").touch()
+        return str(folder / "server.sock")
+
+    assert warm.trusted_socket(sock_in(tmp_path / "a" / "node")) == str(tmp_path / "a" / "node" / "server.sock")
+    (tmp_path / "a").chmod(0o775)
+    with pytest.raises(warm.WarmError, match="mode 775"):
+        warm.trusted_socket(str(tmp_path / "a" / "node" / "server.sock"))
+    with pytest.raises(warm.WarmError, match="mode 1777"):
+        warm.trusted_socket(sock_in(tmp_path / "b", 0o1777))  # the socket's own folder may never be open
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    if os.geteuid() == 0:
+        assert warm.trusted_socket(sock_in(sticky / "node"))
+        os.chown(sticky, 65534, 65534)
+        with pytest.raises(warm.WarmError, match="belongs to uid 65534"):
+            warm.trusted_socket(sock_in(sticky / "node"))
+        (tmp_path / "link").symlink_to(sticky / "node")
+        with pytest.raises(warm.WarmError, match="belongs to uid 65534"):
+            warm.trusted_socket(str(tmp_path / "link" / "server.sock"))
+    with pytest.raises(FileNotFoundError):
+        warm.trusted_socket(str(tmp_path / "none" / "server.sock"))
 
 
 FORK_DIES = r"""

@@ -34,6 +34,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -45,6 +46,10 @@ from pathlib import Path
 COMMAND = "flwr-clientapp"
 #: The environment variable that tells the shim where its node's fork server listens.
 ENV_SOCKET = "PFLOWER_WARM_SOCKET"
+#: How long (seconds) a shim waits for its fork server to connect, take its request and answer
+#: (a server still importing counts as not answering); then it goes cold. Default: SHIM_TIMEOUT.
+ENV_TIMEOUT = "PFLOWER_WARM_TIMEOUT"
+SHIM_TIMEOUT = 10.0
 #: Modules the server imports before it forks: Flower's ``flwr-clientapp`` entry point is loaded
 #: on top of these. No pflower module may be among them (refused).
 PRELOAD = ("numpy", "torch", "flwr.app", "flwr.clientapp")
@@ -119,6 +124,26 @@ def real_command(path: str | None = None) -> str | None:
         except OSError:  # PermissionError from stat(): an unsearchable folder
             continue
     return None
+
+
+def trusted_socket(path: str) -> str:
+    """``path`` resolved, if nobody but root and this user can replace the socket there: every
+    folder from the socket's up to ``/`` owned by root or this user and writable by nobody else.
+    The exception is a sticky folder of root's that others may write (``/tmp``), and only where
+    the folder below it is this user's own: the sticky bit keeps others from renaming or removing
+    that one. WarmError (or OSError) otherwise."""
+    uid = os.geteuid()
+    real = os.path.realpath(path, strict=True)  # no symbolic link left: each folder below is checked as it is
+    folder, below = os.path.dirname(real), None
+    while True:
+        st = os.stat(folder)
+        if st.st_uid not in (0, uid):
+            raise WarmError(f"{folder} belongs to uid {st.st_uid}, who could replace the fork server's socket")
+        if st.st_mode & 0o022 and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX and below is not None and below.st_uid == uid):
+            raise WarmError(f"{folder} has mode {st.st_mode & 0o7777:o}: others could replace the fork server's socket")
+        if folder == os.path.dirname(folder):
+            return real
+        folder, below = os.path.dirname(folder), st
 
 
 def write_shim(folder: Path, python: str = sys.executable) -> Path:
@@ -623,22 +648,46 @@ def _std_fds() -> list[int]:
     return fds
 
 
+def _timeout() -> float:
+    try:
+        timeout = float(os.environ.get(ENV_TIMEOUT) or SHIM_TIMEOUT)
+    except ValueError:
+        return SHIM_TIMEOUT
+    return timeout if 0 < timeout <= 3600 else SHIM_TIMEOUT
+
+
 def shim() -> int:
-    """``flwr-clientapp`` on a warm node: have the fork server run this call; exit as its child did."""
+    """``flwr-clientapp`` on a warm node: have the fork server run this call; exit as its child did.
+
+    Cold instead (the real command, with the reason on stderr) unless the socket's folders are
+    safe (:func:`trusted_socket`), the server runs as this user or root, and it answers within
+    ``PFLOWER_WARM_TIMEOUT`` seconds."""
     path = os.environ.get(ENV_SOCKET)
     if not path:
         return _fallback(f"{ENV_SOCKET} is not set")
     if os.path.exists(os.path.join(os.path.dirname(path), COLD_FLAG)):
         return _fallback(f"this node is switched cold ({os.path.join(os.path.dirname(path), COLD_FLAG)} exists)")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        real = trusted_socket(path)
+    except (OSError, WarmError) as err:
+        return _fallback(f"no trusted fork server at {path} ({err})")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    timeout = _timeout()
+    try:
+        sock.settimeout(timeout)
+        sock.connect(real)
+        if (uid := peer_credentials(sock)[1]) not in (0, os.geteuid()):
+            raise WarmError(f"it runs as uid {uid}, neither this user ({os.geteuid()}) nor root")
         replies = sock.makefile("rb")
         first = json.loads(replies.readline(1 << 16) or b"{}")
         if isinstance(first, dict) and first.get("ready") is True:
             send_request(sock, {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}, _std_fds())
             first = json.loads(replies.readline(1 << 16) or b"{}")
-    except (OSError, ValueError) as err:
+        sock.settimeout(None)  # the message itself takes as long as it takes
+    except TimeoutError:
+        sock.close()
+        return _fallback(f"the fork server at {path} did not answer within {timeout:g} s")
+    except (OSError, ValueError, WarmError) as err:
         sock.close()
         return _fallback(f"no fork server at {path} ({err})")
     if not isinstance(first, dict) or type(first.get("pid")) is not int:
