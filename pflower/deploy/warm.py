@@ -20,6 +20,19 @@ node. The parent never runs app code, never initializes CUDA, and runs no tensor
 thread pools start in each child, as in a fresh process). If the server is not there or refuses,
 the shim says so on stderr and execs the real ``flwr-clientapp`` (cold: slower, nothing lost).
 
+Both ends fail closed, to cold. The shim sends nothing unless every folder from the socket up
+to ``/`` is root's or the node's user's and writable by nobody else (a sticky folder of root's,
+as ``/tmp``, only right above a folder of the node's user's: :func:`trusted_socket`), the
+server runs as the node's user or root (``SO_PEERCRED``), and it answers within
+``PFLOWER_WARM_TIMEOUT`` seconds (10; a stopped server, or one still importing, does not).
+The server refuses another uid, and forks for nobody whose mount, pid, network or user
+namespace or root folder differs from its own or cannot be compared (the peer's pid not
+visible from its pid namespace, its ``/proc`` links hidden): :func:`namespace_mismatch`. It
+reads each request without blocking, at most MAX_REQUEST bytes within REQUEST_DEADLINE seconds
+of its accept, MAX_PENDING at once (one more drops the oldest), checks it (:func:`parse_request`)
+and answers what it cannot serve with an error; nothing a connection sends ends the server. A
+child compares its parent with the server's pid recorded before the fork once it has set
+``PR_SET_PDEATHSIG``, so none outlives a server that died at the fork.
 
 This module imports only the standard library at its top, and the server and the shim run it as
 a script by its path, so neither imports pflower.
