@@ -312,7 +312,7 @@ def test_a_shim_in_another_mount_or_pid_namespace_goes_cold(node, tmp_path):
                             env=node.env(), capture_output=True, text=True, timeout=30)  # fmt: skip
     assert "key.txt" not in hidden.stdout
     _cold(hidden, "another mount namespace")
-    _cold(subprocess.run(["unshare", "--pid", "--fork", str(node.shim), "report", "x"], env=node.env(), capture_output=True, text=True, timeout=30),
+    _cold(subprocess.run(["unshare", "--pid", "--fork", str(node.shim), "ls", "/"], env=node.env(), capture_output=True, text=True, timeout=30),
           "another pid namespace")  # fmt: skip
     assert _status(node.sock)["forked"] == 0
 
@@ -323,7 +323,7 @@ def test_a_server_that_cannot_see_the_shims_pid_refuses_it(tmp_path):
     _needs("unshare")
     n = Node(tmp_path, wrap=("unshare", "--pid", "--fork", "--kill-child"))
     try:
-        _cold(n.run("report", "x"), "not visible in the fork server's pid namespace")
+        _cold(n.run("ls", "/"), "not visible in the fork server's pid namespace")
         assert _status(n.sock)["forked"] == 0
     finally:
         n.server.kill()  # unshare ignores SIGTERM; its --kill-child takes the server along
@@ -438,7 +438,7 @@ def test_a_stopped_server_sends_shims_cold_after_their_timeout(node):
     os.kill(node.server.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        done = node.run("report", "x", env=node.env(**{warm.ENV_TIMEOUT: "1"}), timeout=20)
+        done = node.run("ls", "/", env=node.env(**{warm.ENV_TIMEOUT: "1"}), timeout=20)
         _cold(done, "did not answer within 1 s")
         assert time.monotonic() - started < 8
     finally:
@@ -460,7 +460,7 @@ def test_unsearchable_path_folders_are_skipped_by_the_server_and_the_cold_fallba
         done = subprocess.run([*NO_DAC, str(n.shim), "ls", "/"], env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0 and "pflower-warm" not in done.stderr, done.stderr
         warm.switch(n.sock.parent, False)
-        _cold(subprocess.run([*NO_DAC, str(n.shim), "report", "x"], env=env, capture_output=True, text=True, timeout=30), "switched cold")
+        _cold(subprocess.run([*NO_DAC, str(n.shim), "ls", "/"], env=env, capture_output=True, text=True, timeout=30), "switched cold")
     finally:
         n.stop()
         locked.chmod(0o700)
