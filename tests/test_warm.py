@@ -4,6 +4,7 @@ cwd, crashes, signals, a killed shim, a dead server, the cold fallback, private 
 wrapper's restarts), one server with the real preload (Flower's entry point runs, nothing of
 pflower or CUDA loaded, no extra thread), and the Flower 1.39.0 contract the shim relies on."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +48,8 @@ def main():
     if what == "sleep":
         open(rest[0], "w").write(str(os.getpid()))
         time.sleep(float(rest[1]))
+    if what == "ls":
+        print(json.dumps(sorted(os.listdir(rest[0]))))
 """
 
 
@@ -76,7 +79,7 @@ def _status(sock: Path) -> dict | None:
 class Node:
     """A probe fork server (no preload: starts in a fraction of a second) and a shim beside it."""
 
-    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main"):
+    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main", wrap: tuple[str, ...] = (), path: str = "", program: Path = WARM):
         self.root = root
         (root / "probe").mkdir(parents=True, exist_ok=True)
         (root / "probe" / "warm_probe.py").write_text(PROBE)
@@ -86,8 +89,8 @@ class Node:
         self.fake.mkdir(exist_ok=True)
         (self.fake / "flwr-clientapp").write_text('#!/bin/sh\necho "cold $*"\nexit 3\n')
         (self.fake / "flwr-clientapp").chmod(0o755)
-        env = {**os.environ, "PYTHONPATH": str(root / "probe"), "PATH": f"{self.fake}:{os.environ['PATH']}"}
-        cmd = [sys.executable, str(WARM), "serve", "--socket", str(self.sock), "--preload", preload] + (["--entry", entry] if entry else [])
+        env = {**os.environ, "PYTHONPATH": str(root / "probe"), "PATH": f"{path}{self.fake}:{os.environ['PATH']}"}
+        cmd = [*wrap, sys.executable, str(program), "serve", "--socket", str(self.sock), "--preload", preload] + (["--entry", entry] if entry else [])
         self.log = open(root / "server.log", "wb")
         self.server = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         _wait(lambda: _status(self.sock) is not None or self.server.poll() is not None, 60, "the fork server")
@@ -98,7 +101,8 @@ class Node:
 
     def run(self, *args, **kw) -> subprocess.CompletedProcess:
         kw.setdefault("env", self.env())
-        return subprocess.run([str(self.shim), *args], capture_output=True, text=True, timeout=60, **kw)
+        kw.setdefault("timeout", 60)
+        return subprocess.run([str(self.shim), *args], capture_output=True, text=True, **kw)
 
     def popen(self, *args) -> subprocess.Popen:
         return subprocess.Popen([str(self.shim), *args], env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -106,7 +110,11 @@ class Node:
     def stop(self):
         if self.server.poll() is None:
             self.server.terminate()
-            self.server.wait(10)
+            try:
+                self.server.wait(10)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait(10)
         self.log.close()
 
 
@@ -255,6 +263,362 @@ def test_the_server_refuses_other_users_and_other_network_namespaces(tmp_path):
     finally:
         n.stop()
         shutil.rmtree(root)
+
+
+# ------------------------------------------------------------------- failing closed (each refusal goes cold)
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, mounts, capabilities, other uids)")
+NO_DAC = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--")  # root that file modes bind like anyone
+NO_PTRACE = ("setpriv", "--bounding-set", "-sys_ptrace", "--")  # root that may not read a non-dumpable process's /proc links
+
+
+def _needs(*tools: str) -> None:
+    if missing := [t for t in tools if not shutil.which(t)]:
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+def _cold(done: subprocess.CompletedProcess, why: str) -> None:
+    assert done.returncode == 3 and done.stdout.startswith("cold "), done.stdout + done.stderr
+    assert why in done.stderr and "(cold)" in done.stderr, done.stderr
+
+
+def _exchange(sock: Path, data: bytes, fds=(0, 1, 2), timeout: float = 10) -> bytes:
+    """Send ``data`` (with ``fds``) as a request, stop writing, and read the answer to its end."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        with contextlib.suppress(OSError):  # the server may refuse before it has read everything
+            socket.send_fds(s, [data], list(fds)) if fds else s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):  # it closed with bytes of ours unread
+            while chunk := s.recv(4096):
+                answer += chunk
+        return answer
+
+
+def _body(text: bytes) -> bytes:
+    return warm.HEADER.pack(len(text)) + text
+
+
+@ROOT_ONLY
+def test_a_shim_in_another_mount_or_pid_namespace_goes_cold(node, tmp_path):
+    """A requester with a tmpfs over a private folder must not get a child that lists the folder
+    (nor run a FAB from its own endpoint): mount, pid, network and user namespaces must match."""
+    _needs("unshare")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_text("x")
+    hidden = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs none "$1" && exec "$2" ls "$1"', "sh", str(secret), str(node.shim)],
+                            env=node.env(), capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert "key.txt" not in hidden.stdout
+    _cold(hidden, "another mount namespace")
+    _cold(subprocess.run(["unshare", "--pid", "--fork", str(node.shim), "ls", "/"], env=node.env(), capture_output=True, text=True, timeout=30),
+          "another pid namespace")  # fmt: skip
+    assert _status(node.sock)["forked"] == 0
+
+
+@ROOT_ONLY
+def test_a_server_that_cannot_see_the_shims_pid_refuses_it(tmp_path):
+    """The server in a pid namespace of its own (as in a container) sees the shim's pid as 0."""
+    _needs("unshare")
+    n = Node(tmp_path, wrap=("unshare", "--pid", "--fork", "--kill-child"))
+    try:
+        _cold(n.run("ls", "/"), "not visible in the fork server's pid namespace")
+        assert _status(n.sock)["forked"] == 0
+    finally:
+        n.server.kill()  # unshare ignores SIGTERM; its --kill-child takes the server along
+        n.stop()
+
+
+@ROOT_ONLY
+def test_a_shim_whose_namespaces_cannot_be_read_goes_cold(tmp_path):
+    """A non-dumpable shim's /proc links are hidden from a server without CAP_SYS_PTRACE: refused."""
+    _needs("setpriv")
+    n = Node(tmp_path, wrap=NO_PTRACE)
+    try:
+        run = f"import ctypes, sys; sys.path.insert(0, {str(WARM.parent)!r}); import warm; sys.argv = [{str(n.shim)!r}, 'ls', '/']; "
+        dumpable = subprocess.run([*NO_PTRACE, sys.executable, "-c", run + "sys.exit(warm.shim())"], env=n.env(), capture_output=True, text=True, timeout=30)
+        assert dumpable.returncode == 0 and "pflower-warm" not in dumpable.stderr, dumpable.stderr  # same capabilities: readable
+        hidden = run + "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); sys.exit(warm.shim())"  # PR_SET_DUMPABLE 0
+        _cold(subprocess.run([*NO_PTRACE, sys.executable, "-c", hidden], env=n.env(), capture_output=True, text=True, timeout=30),
+              "namespaces cannot be compared")  # fmt: skip
+        assert _status(n.sock)["forked"] == 1
+    finally:
+        n.stop()
+
+
+def test_malformed_requests_and_signal_lines_never_end_the_server(node, tmp_path):
+    """Any bytes: wrong types, deep nesting, huge numbers, bad UTF-8, NUL, oversize or lying
+    lengths, too many or too few fds, and a fuzz of random byte strings. Each is answered with an
+    error or dropped; the server goes on serving."""
+    import random
+
+    bad = [b"[]", b"{}", b"null", b"1e999", b"9" * 5000, b"[" * 200_000, b"\xff\xfe", b'{"op": "status", "x": 1}',
+           b'{"argv": "x", "env": {}, "cwd": "/"}', b'{"argv": [], "env": {}, "cwd": "/"}', b'{"argv": [1], "env": {}, "cwd": "/"}',
+           b'{"argv": ["x"], "env": {"A": 1e999}, "cwd": "/"}', b'{"argv": ["x"], "env": {"A=B": "c"}, "cwd": "/"}',
+           b'{"argv": ["x\\u0000"], "env": {}, "cwd": "/"}', b'{"argv": ["x"], "env": [], "cwd": 5}',
+           b'{"argv": ["x"], "env": {}, "cwd": "/", "more": 1}']  # fmt: skip
+    for body in bad:
+        answer = _exchange(node.sock, _body(body))
+        assert b'"error": "bad request' in answer, (body[:40], answer)
+    good = json.dumps({"argv": ["x", "ls", "/"], "env": {}, "cwd": "/"}).encode()
+    assert b"bad request" in _exchange(node.sock, warm.HEADER.pack(0xFFFFFFFF) + b"{}")
+    assert b"bad request" in _exchange(node.sock, _body(good) + b"extra")
+    assert b"bad request: 0 fds" in _exchange(node.sock, _body(good), fds=())
+    assert b"more than 3 fds" in _exchange(node.sock, _body(good), fds=(0, 1, 2, 0, 1))
+    assert b"pid" not in _exchange(node.sock, _body(good)[:10])  # cut short: dropped without a child
+    rng = random.Random(7)
+    for i in range(300):
+        junk = rng.randbytes(rng.randrange(1, 300))
+        _exchange(node.sock, _body(junk) if i % 2 else junk, fds=(0, 1, 2) if i % 3 else ())
+    assert node.server.poll() is None and _status(node.sock)["forked"] == 0
+
+    # a running child's connection: junk lines are ignored, an endless line drops it (and its child)
+    pidfile = tmp_path / "child.pid"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s, open(os.devnull, "r+b") as null:
+        s.settimeout(10)
+        s.connect(str(node.sock))
+        replies = s.makefile("rb")
+        assert json.loads(replies.readline()) == {"ready": True}
+        warm.send_request(s, {"argv": ["x", "sleep", str(pidfile), "60"], "env": {"PYTHONPATH": str(tmp_path / "probe")}, "cwd": "/"}, [null.fileno()] * 3)
+        child = json.loads(replies.readline())["pid"]
+        junk = [b'{"signal": 1e999}', b"[]", b'{"signal": "1"}', b'{"signal": true}', b'{"signal": 9}', b'{"signal": 1' + b"0" * 30 + b"}", b"not json", b"[" * 250]  # fmt: skip
+        s.sendall(b"\n".join(junk) + b"\n")
+        _wait(lambda: pidfile.exists() and pidfile.read_text(), what="the child")
+        assert _alive(child) and node.server.poll() is None
+        with contextlib.suppress(OSError):
+            s.sendall(b"x" * 100_000)
+        with contextlib.suppress(ConnectionResetError):  # the server dropped the connection: no buffer grows without bound
+            assert s.recv(4096) == b""
+    _wait(lambda: not _alive(child), 10, "the child to die with its connection")
+    assert node.run("ls", "/").returncode == 0 and _status(node.sock)["forked"] == 2 and node.server.poll() is None
+
+
+def test_slow_clients_stall_nobody_and_are_dropped_at_their_deadline(node):
+    """A client sending a byte now and then, and more idle connections than the server keeps:
+    a shim is served meanwhile, at once; the slow client is dropped at its deadline."""
+    import threading
+
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(warm.MAX_PENDING + 4)]
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stop, closed_at = threading.Event(), []
+
+    def drip():
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            slow.sendall(warm.HEADER.pack(1000))
+            while not stop.is_set():
+                slow.sendall(b" ")
+                stop.wait(0.2)
+        closed_at.append(time.monotonic() - started)
+
+    try:
+        for s in idle:  # the oldest of these are dropped to make room
+            s.connect(str(node.sock))
+            s.sendall(b"\x00")
+        slow.connect(str(node.sock))
+        thread = threading.Thread(target=drip, daemon=True)
+        thread.start()
+        started = time.monotonic()
+        done = node.run("ls", "/", timeout=8)
+        assert done.returncode == 0 and "pflower-warm" not in done.stderr, done.stderr
+        assert time.monotonic() - started < warm.REQUEST_DEADLINE  # not after the slow client's deadline
+        slow.settimeout(warm.REQUEST_DEADLINE + 5)
+        assert b"no whole request within" in slow.recv(4096) + slow.recv(4096)
+        thread.join(10)
+        assert closed_at and closed_at[0] < warm.REQUEST_DEADLINE + 3
+    finally:
+        stop.set()
+        for s in [slow, *idle]:
+            s.close()
+    assert node.server.poll() is None and _status(node.sock)["forked"] == 1
+
+
+def test_a_stopped_server_sends_shims_cold_after_their_timeout(node):
+    os.kill(node.server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done = node.run("ls", "/", env=node.env(**{warm.ENV_TIMEOUT: "1"}), timeout=20)
+        _cold(done, "did not answer within 1 s")
+        assert time.monotonic() - started < 8
+    finally:
+        os.kill(node.server.pid, signal.SIGCONT)
+    assert node.run("ls", "/").returncode == 0
+    assert _status(node.sock)["forked"] == 1  # the shim that went cold left no child behind
+
+
+@ROOT_ONLY
+def test_unsearchable_path_folders_are_skipped_by_the_server_and_the_cold_fallback(tmp_path):
+    """A PATH folder this user may not search (root without DAC capabilities here): skipped."""
+    _needs("setpriv")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    locked.chmod(0o000)
+    n = Node(tmp_path, wrap=NO_DAC, path=f"{locked}:")
+    try:
+        env = n.env(PATH=f"{n.shim.parent}:{locked}:{n.fake}:/usr/bin:/bin")
+        done = subprocess.run([*NO_DAC, str(n.shim), "ls", "/"], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0 and "pflower-warm" not in done.stderr, done.stderr
+        warm.switch(n.sock.parent, False)
+        _cold(subprocess.run([*NO_DAC, str(n.shim), "ls", "/"], env=env, capture_output=True, text=True, timeout=30), "switched cold")
+    finally:
+        n.stop()
+        locked.chmod(0o700)
+
+
+FAKE_SERVER = r"""
+import json, os, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+if os.path.isdir(os.path.dirname(path)):
+    os.rename(os.path.dirname(path), os.path.dirname(path) + ".old")  # the real server's folder, out of the way
+os.mkdir(os.path.dirname(path), 0o700)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+os.chmod(path, 0o777)
+os.setuid(uid)  # the listener's credentials are those at listen()
+s.listen(1)
+print("ready", flush=True)
+conn, _ = s.accept()
+conn.sendall(b'{"ready": true}\n')
+request = conn.makefile("rb")
+print(request.read(int.from_bytes(request.read(4), "big")).decode(errors="replace"), flush=True)
+conn.sendall(b'{"pid": 1}\n{"status": 0}\n')
+"""
+
+
+def _fake_server(sock: Path, uid: int, as_user: bool) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", FAKE_SERVER, str(sock), str(uid)]
+    if as_user:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
+    fake = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert fake.stdout.readline() == "ready\n", fake.stderr.read()
+    return fake
+
+
+def _token_kept_from(fake: subprocess.Popen, done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    fake.kill()
+    received = fake.communicate(timeout=10)[0]
+    assert "secret-token" not in received, f"the other user got the request: {received[:300]}"
+    return done
+
+
+@ROOT_ONLY
+def test_the_shim_goes_cold_for_a_server_of_another_user(node, tmp_path):
+    """Its folders all root's, but the server listening as another uid: refused, before the
+    shim sends anything."""
+    _needs("setpriv")
+    own = tmp_path / "other-server" / "server.sock"
+    fake = _fake_server(own, 65534, as_user=False)
+    try:
+        done = node.run("--token", "secret-token", env=node.env(**{warm.ENV_SOCKET: str(own)}))
+        _cold(_token_kept_from(fake, done), "it runs as uid 65534")
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+            fake.wait(10)
+
+
+@ROOT_ONLY
+def test_the_shim_goes_cold_under_a_folder_of_another_user(tmp_path):
+    """Another user who owns a folder above the socket could replace the node's folder and
+    receive each message's argv (its token) and environment: every folder up to / must be
+    root's or the node's user's and writable by nobody else."""
+    _needs("setpriv")
+    root = Path(tempfile.mkdtemp(prefix="pflower-warm-test-"))
+    n = Node(root)
+    fake = None
+    try:
+        assert n.run("ls", "/").returncode == 0  # warm while the folders are root's
+        os.chown(root, 65534, 65534)
+        root.chmod(0o755)
+        fake = _fake_server(n.sock, 65534, as_user=True)  # that user moves the node's folder away and puts its own there
+        _cold(_token_kept_from(fake, n.run("--token", "secret-token")), f"{n.sock.parent} belongs to uid 65534")
+        shutil.rmtree(n.sock.parent)
+        Path(f"{n.sock.parent}.old").rename(n.sock.parent)
+        _cold(n.run("ls", "/"), f"{root} belongs to uid 65534")  # the node's own folder, under that user's: cold all the same
+        assert _status(n.sock)["forked"] == 1
+    finally:
+        n.stop()
+        if fake is not None and fake.poll() is None:
+            fake.kill()
+            fake.wait(10)
+        shutil.rmtree(root)
+
+
+def test_which_socket_folders_the_shim_trusts(tmp_path):
+    """Writable by group or others: refused, except a sticky folder of root's (as /tmp) directly
+    above a folder of the node's user. Symbolic links are followed before the check."""
+
+    def sock_in(folder: Path, mode: int = 0o700) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(mode)
+        (folder / "server.sock").touch()
+        return str(folder / "server.sock")
+
+    assert warm.trusted_socket(sock_in(tmp_path / "a" / "node")) == str(tmp_path / "a" / "node" / "server.sock")
+    (tmp_path / "a").chmod(0o775)
+    with pytest.raises(warm.WarmError, match="mode 775"):
+        warm.trusted_socket(str(tmp_path / "a" / "node" / "server.sock"))
+    with pytest.raises(warm.WarmError, match="mode 1777"):
+        warm.trusted_socket(sock_in(tmp_path / "b", 0o1777))  # the socket's own folder may never be open
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    if os.geteuid() == 0:
+        assert warm.trusted_socket(sock_in(sticky / "node"))
+        os.chown(sticky, 65534, 65534)
+        with pytest.raises(warm.WarmError, match="belongs to uid 65534"):
+            warm.trusted_socket(sock_in(sticky / "node"))
+        (tmp_path / "link").symlink_to(sticky / "node")
+        with pytest.raises(warm.WarmError, match="belongs to uid 65534"):
+            warm.trusted_socket(str(tmp_path / "link" / "server.sock"))
+    with pytest.raises(FileNotFoundError):
+        warm.trusted_socket(str(tmp_path / "none" / "server.sock"))
+
+
+FORK_DIES = r"""
+import os, sys, time
+sys.path.insert(0, %r)
+import warm
+report, fork = %r, os.fork
+
+
+def dying_fork():
+    server = os.getpid()
+    child = fork()
+    if child:  # the server dies right after the fork
+        open(report, "w").write(str(child))
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while os.getppid() == server and time.monotonic() < deadline:  # the child goes on once it is orphaned
+        time.sleep(0.01)
+    return 0
+
+
+os.fork = dying_fork
+sys.exit(warm.main(sys.argv[1:]))
+"""
+
+
+def test_a_child_whose_server_dies_at_the_fork_does_not_outlive_it(tmp_path):
+    """The server dies between the fork and the child's PR_SET_PDEATHSIG: the child compares its
+    parent with the server's pid recorded before the fork, and exits instead of running."""
+    forked, ran = tmp_path / "forked.pid", tmp_path / "ran.pid"
+    (tmp_path / "fork_dies.py").write_text(FORK_DIES % (str(WARM.parent), str(forked)))
+    n = Node(tmp_path, program=tmp_path / "fork_dies.py")
+    child = None
+    try:
+        with open(tmp_path / "shim.out", "w+") as out:  # not a pipe: an orphan holding it would keep the shim's caller waiting
+            code = subprocess.run([str(n.shim), "sleep", str(ran), "60"], env=n.env(), stdout=out, stderr=subprocess.STDOUT, timeout=30).returncode
+        assert code == 3 and "did not start the ClientApp" in (tmp_path / "shim.out").read_text()  # the server died before it answered
+        _wait(lambda: forked.exists() and forked.read_text(), what="the fork")
+        child = int(forked.read_text())
+        _wait(lambda: not _alive(child) or ran.exists(), 15, "the orphaned child to exit or run")
+        assert not ran.exists(), "the child ran the message after its server had died"
+    finally:
+        if child and _alive(child):
+            os.kill(child, signal.SIGKILL)
+        n.stop()
 
 
 def test_the_wrapper_restarts_a_dead_server_and_exits_as_its_command(tmp_path):

@@ -20,6 +20,20 @@ node. The parent never runs app code, never initializes CUDA, and runs no tensor
 thread pools start in each child, as in a fresh process). If the server is not there or refuses,
 the shim says so on stderr and execs the real ``flwr-clientapp`` (cold: slower, nothing lost).
 
+Both ends fail closed, to cold. The shim sends nothing unless every folder from the socket up
+to ``/`` is root's or the node's user's and writable by nobody else (a sticky folder of root's,
+as ``/tmp``, only right above a folder of the node's user's: :func:`trusted_socket`), the
+server runs as the node's user or root (``SO_PEERCRED``), and it answers within
+``PFLOWER_WARM_TIMEOUT`` seconds (10; a stopped server, or one still importing, does not).
+The server refuses another uid, and forks for nobody whose mount, pid, network or user
+namespace or root folder differs from its own or cannot be compared (the peer's pid not
+visible from its pid namespace, its ``/proc`` links hidden): :func:`namespace_mismatch`. It
+reads each request without blocking, at most MAX_REQUEST bytes within REQUEST_DEADLINE seconds
+of its accept, MAX_PENDING at once (one more drops the oldest), checks it (:func:`parse_request`)
+and answers what it cannot serve with an error; nothing a connection sends ends the server. A
+child compares its parent with the server's pid recorded before the fork once it has set
+``PR_SET_PDEATHSIG``, so none outlives a server that died at the fork.
+
 This module imports only the standard library at its top, and the server and the shim run it as
 a script by its path, so neither imports pflower.
 """
@@ -33,6 +47,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -44,6 +59,10 @@ from pathlib import Path
 COMMAND = "flwr-clientapp"
 #: The environment variable that tells the shim where its node's fork server listens.
 ENV_SOCKET = "PFLOWER_WARM_SOCKET"
+#: How long (seconds) a shim waits for its fork server to connect, take its request and answer
+#: (a server still importing counts as not answering); then it goes cold. Default: SHIM_TIMEOUT.
+ENV_TIMEOUT = "PFLOWER_WARM_TIMEOUT"
+SHIM_TIMEOUT = 10.0
 #: Modules the server imports before it forks: Flower's ``flwr-clientapp`` entry point is loaded
 #: on top of these. No pflower module may be among them (refused).
 PRELOAD = ("numpy", "torch", "flwr.app", "flwr.clientapp")
@@ -55,6 +74,17 @@ SOCKET_NAME = "server.sock"
 COLD_FLAG = "cold"
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 HEADER = struct.Struct("!I")
+#: A request's most bytes (its argv and environment: Linux allows them 2 MiB by default).
+MAX_REQUEST = 4 << 20
+#: Seconds a connection has, from its accept, to deliver its whole request to the server.
+REQUEST_DEADLINE = 5.0
+#: Connections whose requests are still arriving; one more drops the oldest.
+MAX_PENDING = 16
+#: A relayed signal's line, at most (a longer one is no shim's: its connection is dropped).
+MAX_LINE = 256
+#: The namespaces a shim must share with its fork server: paths (cwd, PATH, files), pids
+#: (``--parent-pid``), addresses (``--runtime-api-address``) and uids mean the same to both.
+NAMESPACES = {"mnt": "mount", "pid": "pid", "net": "network", "user": "user"}
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -97,12 +127,36 @@ def is_shim(path: Path) -> bool:
 
 
 def real_command(path: str | None = None) -> str | None:
-    """The first ``flwr-clientapp`` on ``path`` (default: ``PATH``) that is not a shim."""
+    """The first ``flwr-clientapp`` on ``path`` (default: ``PATH``) that is not a shim; folders
+    this user may not search are skipped, as a shell skips them."""
     for folder in (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep):
         candidate = Path(folder or ".") / COMMAND
-        if candidate.is_file() and os.access(candidate, os.X_OK) and not is_shim(candidate):
-            return str(candidate)
+        try:
+            if candidate.is_file() and os.access(candidate, os.X_OK) and not is_shim(candidate):
+                return str(candidate)
+        except OSError:  # PermissionError from stat(): an unsearchable folder
+            continue
     return None
+
+
+def trusted_socket(path: str) -> str:
+    """``path`` resolved, if nobody but root and this user can replace the socket there: every
+    folder from the socket's up to ``/`` owned by root or this user and writable by nobody else.
+    The exception is a sticky folder of root's that others may write (``/tmp``), and only where
+    the folder below it is this user's own: the sticky bit keeps others from renaming or removing
+    that one. WarmError (or OSError) otherwise."""
+    uid = os.geteuid()
+    real = os.path.realpath(path, strict=True)  # no symbolic link left: each folder below is checked as it is
+    folder, below = os.path.dirname(real), None
+    while True:
+        st = os.stat(folder)
+        if st.st_uid not in (0, uid):
+            raise WarmError(f"{folder} belongs to uid {st.st_uid}, who could replace the fork server's socket")
+        if st.st_mode & 0o022 and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX and below is not None and below.st_uid == uid):
+            raise WarmError(f"{folder} has mode {st.st_mode & 0o7777:o}: others could replace the fork server's socket")
+        if folder == os.path.dirname(folder):
+            return real
+        folder, below = os.path.dirname(folder), st
 
 
 def write_shim(folder: Path, python: str = sys.executable) -> Path:
@@ -125,37 +179,38 @@ def write_shim(folder: Path, python: str = sys.executable) -> Path:
 
 
 # ------------------------------------------------------------------------------ wire format
-# Shim -> server: a 4-byte length and a JSON object, with the shim's fds 0, 1, 2 attached to the
-# first bytes (SCM_RIGHTS); later, {"signal": N} lines to relay a signal. Server -> shim: JSON
-# lines, {"pid": N} once the child is forked (or {"error": "..."}), then {"status": WAITSTATUS}.
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed mid-request")
-        data += chunk
-    return data
-
-
+# Server -> shim: {"ready": true} once it has accepted the connection (or {"error": "..."}); only
+# then does the shim send anything, so a server that is stopped never holds its fds or token.
+# Shim -> server: a 4-byte length and a JSON object (at most MAX_REQUEST bytes), with the shim's
+# fds 0, 1, 2 attached to the first bytes (SCM_RIGHTS); later, {"signal": N} lines to relay a
+# signal. Server -> shim: JSON lines, {"pid": N} once the child is forked (or {"error": "..."}),
+# then {"status": WAITSTATUS}.
 def send_request(sock: socket.socket, request: dict, fds: list[int]) -> None:
     body = json.dumps(request).encode()
-    socket.send_fds(sock, [HEADER.pack(len(body))], fds)
-    sock.sendall(body)
+    if len(body) > MAX_REQUEST:
+        raise ValueError(f"a request of {len(body)} bytes (at most {MAX_REQUEST})")
+    if fds:
+        socket.send_fds(sock, [HEADER.pack(len(body))], fds)
+        sock.sendall(body)
+    else:
+        sock.sendall(HEADER.pack(len(body)) + body)
 
 
-def recv_request(sock: socket.socket) -> tuple[dict, list[int]]:
-    head, fds, _, _ = socket.recv_fds(sock, HEADER.size, 3)
-    try:
-        head += _recv_exact(sock, HEADER.size - len(head)) if len(head) < HEADER.size else b""
-        (size,) = HEADER.unpack(head)
-        if size > 16 << 20:
-            raise ValueError(f"request of {size} bytes")
-        return json.loads(_recv_exact(sock, size)), fds
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+def parse_request(body: bytes) -> dict:
+    """The request in ``body``, checked: ``{"op": "status"}``, or ``argv`` (strings, at least
+    one), ``env`` (names to values) and ``cwd``, all strings without NUL (ValueError otherwise)."""
+    request = json.loads(body)
+    if request == {"op": "status"}:
+        return request
+    if not isinstance(request, dict) or set(request) != {"argv", "env", "cwd"}:
+        raise ValueError("not an object of argv, env and cwd")
+    argv, env, cwd = request["argv"], request["env"], request["cwd"]
+    if not isinstance(argv, list) or not argv or not isinstance(env, dict) or not isinstance(cwd, str):
+        raise ValueError("argv is no list, env no object or cwd no string")
+    strings = [*argv, *env.values(), cwd]
+    if not all(isinstance(s, str) and "\0" not in s for s in strings) or not all(k and "=" not in k and "\0" not in k for k in env):
+        raise ValueError("an argument, variable or folder that is no string, or holds NUL")
+    return request
 
 
 def _send_line(sock: socket.socket, obj: dict) -> bool:
@@ -171,12 +226,22 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
 
 
-def _other_netns(pid: int) -> bool:
-    """Whether process ``pid`` is in another network namespace than this one (False if unreadable)."""
+def namespace_mismatch(pid: int) -> str | None:
+    """Why the process ``pid`` may not have a child forked for it, or None: it must run in this
+    process's mount, pid, network and user namespaces and under its root folder. What cannot be
+    read refuses too (fail closed): a pid this namespace cannot see (0), a link /proc hides."""
+    if pid <= 0:
+        return "the shim's pid is not visible in the fork server's pid namespace"
     try:
-        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
-    except OSError:
-        return False
+        for ns, name in NAMESPACES.items():
+            if os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"):
+                return f"the shim runs in another {name} namespace than the fork server"
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/proc/self/root")
+    except OSError as err:
+        return f"the shim's namespaces cannot be compared with the fork server's ({err.strerror}: {err.filename})"
+    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        return "the shim runs under another root folder (chroot) than the fork server"
+    return None
 
 
 def _prctl(option: int, arg) -> None:
@@ -186,9 +251,19 @@ def _prctl(option: int, arg) -> None:
 
 
 # ---------------------------------------------------------------------------------- server
+class _Arriving:
+    """A connection whose request is still arriving: its peer's pid, bytes, fds and deadline."""
+
+    def __init__(self, conn: socket.socket, pid: int):
+        self.conn, self.pid, self.data, self.fds = conn, pid, bytearray(), []
+        self.deadline = time.monotonic() + REQUEST_DEADLINE
+
+
 class ForkServer:
     """Listens on ``path`` (its folder private, see :func:`private_dir`) and forks one child per
-    shim request; single-threaded, so a fork copies no other thread's half-done work."""
+    shim request; single-threaded, so a fork copies no other thread's half-done work. Nothing a
+    connection sends ends the server: each request is read without blocking, bounded in size
+    and time, and checked before anything is forked for it."""
 
     def __init__(self, path: Path, preload: tuple[str, ...] = PRELOAD, entry: str = ""):
         if bad := [m for m in preload if m == "pflower" or m.startswith("pflower.")]:
@@ -196,6 +271,7 @@ class ForkServer:
         self.path, self.preload = Path(path), tuple(preload)
         self.children: dict[int, socket.socket | None] = {}  # child pid -> its shim's connection
         self.buffers: dict[int, bytes] = {}
+        self.arriving: dict[socket.socket, _Arriving] = {}  # oldest first
         self.stopping = False
         self.forked = 0
         self.entry_ref = entry  # "module:function"; empty: Flower's flwr-clientapp console script
@@ -243,6 +319,7 @@ class ForkServer:
                 "cuda-initialized": bool(torch and torch.cuda.is_initialized())}  # fmt: skip
 
     def serve_forever(self) -> None:
+        self.pid = os.getpid()  # what each child checks its parent against, after the fork
         self.original = {s: signal.getsignal(s) for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -257,20 +334,39 @@ class ForkServer:
         _log(f"fork server ready at {self.path} ({', '.join(self.preload)} and {self.entry_ref} imported)")
         try:
             while not self.stopping:
-                for key, _ in self.sel.select():
-                    if key.data == "accept":
-                        self._accept()
-                    elif key.data == "wake":
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(self.wake_r, 512)
-                    else:
-                        self._from_shim(key.data, key.fileobj)
+                deadline = min((a.deadline for a in self.arriving.values()), default=None)
+                for key, _ in self.sel.select(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                    try:
+                        self._event(key)
+                    except Exception as err:  # a bug's safety net: the connection goes, the server stays
+                        _log(f"dropped a connection: {err!r}")
+                        self._forget(key.data)
+                now = time.monotonic()
+                for late in [a for a in self.arriving.values() if a.deadline <= now]:
+                    self._refuse(late, f"dropped: no whole request within {REQUEST_DEADLINE:g} s")
                 self._reap()
         finally:
             for pid in list(self.children):
                 self._kill(pid)
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+
+    def _event(self, key: selectors.SelectorKey) -> None:
+        if key.data == "accept":
+            self._accept()
+        elif key.data == "wake":
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 512)
+        elif isinstance(key.data, _Arriving):
+            self._receive(key.data)
+        else:
+            self._from_shim(key.data, key.fileobj)
+
+    def _forget(self, data) -> None:
+        if isinstance(data, _Arriving):
+            self._refuse(data, None)
+        elif isinstance(data, int):
+            self._drop(data)
 
     def _stop(self, *_) -> None:
         self.stopping = True
@@ -281,34 +377,90 @@ class ForkServer:
                 kill(target, signal.SIGKILL)
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
-        fds: list[int] = []
         try:
-            pid, uid, _ = peer_credentials(conn)
-            if uid != os.geteuid():
-                _send_line(conn, {"error": f"refused: the shim runs as uid {uid}, the fork server as uid {os.geteuid()}"})
-                return conn.close()
-            conn.settimeout(10)
-            request, fds = recv_request(conn)
-            if request.get("op") == "status":
-                _send_line(conn, self.status())
-                raise ConnectionAbortedError("answered")
-            if _other_netns(pid):  # a child must reach the node's loopback
-                _send_line(conn, {"error": "refused: the shim runs in another network namespace than the fork server"})
-                raise ConnectionAbortedError("another network namespace")
-            if len(fds) != 3 or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
-                _send_line(conn, {"error": f"bad request: {len(fds)} fds, keys {sorted(request)}"})
-                raise ConnectionAbortedError("bad request")
-            sys.stdout.flush()
-            sys.stderr.flush()
-            child = os.fork()
-        except (OSError, ValueError, ConnectionError) as err:
-            for fd in fds:
-                os.close(fd)
-            if not isinstance(err, ConnectionAbortedError):
-                _send_line(conn, {"error": f"dropped: {err}"})  # the shim goes cold
-                _log(f"dropped a request: {err}")
+            conn, _ = self.listener.accept()
+        except OSError as err:  # out of fds, or the peer gave up already
+            return _log(f"accept: {err}")
+        conn.setblocking(False)
+        pid, uid, _ = peer_credentials(conn)
+        if uid != os.geteuid():
+            _send_line(conn, {"error": f"refused: the shim runs as uid {uid}, the fork server as uid {os.geteuid()}"})
             return conn.close()
+        if len(self.arriving) >= MAX_PENDING:
+            self._refuse(next(iter(self.arriving.values())), f"dropped: {MAX_PENDING} requests were arriving at once")
+        arriving = _Arriving(conn, pid)
+        self.arriving[conn] = arriving
+        self.sel.register(conn, selectors.EVENT_READ, arriving)
+        if not _send_line(conn, {"ready": True}):
+            self._refuse(arriving, None)
+
+    def _refuse(self, arriving: _Arriving, error: str | None) -> None:
+        """Close an arriving request's connection and its fds, with ``error`` for the shim (it goes cold)."""
+        self.arriving.pop(arriving.conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(arriving.conn)
+        for fd in arriving.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        arriving.fds = []
+        if error:
+            _send_line(arriving.conn, {"error": error})
+            _log(error)
+        arriving.conn.close()
+
+    def _receive(self, arriving: _Arriving) -> None:
+        """Read what has arrived of a request (fds with it); once it is whole, answer it."""
+        want = HEADER.size + MAX_REQUEST + 1 - len(arriving.data)
+        try:
+            data, ancdata, flags, _ = arriving.conn.recvmsg(min(want, 1 << 16), socket.CMSG_SPACE(3 * 4), socket.MSG_CMSG_CLOEXEC)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, ancdata, flags = b"", [], 0
+        for level, kind, fds in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                arriving.fds += struct.unpack(f"{len(fds) // 4}i", fds[: len(fds) - len(fds) % 4])
+        if not data:
+            return self._refuse(arriving, None)  # the shim gave up
+        arriving.data += data
+        if len(arriving.fds) > 3 or flags & socket.MSG_CTRUNC:
+            return self._refuse(arriving, "bad request: more than 3 fds")
+        if len(arriving.data) < HEADER.size:
+            return
+        (size,) = HEADER.unpack_from(arriving.data)
+        if size > MAX_REQUEST or len(arriving.data) > HEADER.size + size:
+            return self._refuse(arriving, f"bad request: {size} bytes announced (at most {MAX_REQUEST}), {len(arriving.data) - HEADER.size} sent")
+        if len(arriving.data) == HEADER.size + size:
+            self._answer(arriving)
+
+    def _answer(self, arriving: _Arriving) -> None:
+        """A whole request: a status query is answered; a message is checked, then forked."""
+        try:
+            request = parse_request(bytes(arriving.data[HEADER.size :]))
+        except Exception as err:  # ValueError, RecursionError (deep nesting), MemoryError
+            return self._refuse(arriving, f"bad request: {type(err).__name__}: {str(err)[:200]}")
+        if request.get("op") == "status":
+            _send_line(arriving.conn, self.status())
+            return self._refuse(arriving, None)
+        if why := namespace_mismatch(arriving.pid):
+            return self._refuse(arriving, f"refused: {why}")
+        if len(arriving.fds) != 3:
+            return self._refuse(arriving, f"bad request: {len(arriving.fds)} fds, not 3")
+        try:
+            if arriving.conn.recv(1, socket.MSG_PEEK) == b"":
+                return self._refuse(arriving, None)  # the shim gave up waiting (it went cold): no child for it
+        except BlockingIOError:
+            pass
+        self.arriving.pop(arriving.conn)
+        self.sel.unregister(arriving.conn)
+        conn, fds = arriving.conn, arriving.fds
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            child = os.fork()
+        except OSError as err:
+            self.arriving[conn] = arriving
+            return self._refuse(arriving, f"dropped: {err}")
         if child == 0:
             try:
                 self._child(conn, request, fds)
@@ -322,7 +474,6 @@ class ForkServer:
             os.close(fd)
         self.children[child] = conn
         self.forked += 1
-        conn.settimeout(None)
         if _send_line(conn, {"pid": child}):
             self.sel.register(conn, selectors.EVENT_READ, child)
         else:
@@ -336,21 +487,31 @@ class ForkServer:
                 self.sel.unregister(conn)
             conn.close()
             self.children[child] = None
+        self.buffers.pop(child, None)
         self._kill(child)
 
     def _from_shim(self, child: int, conn: socket.socket) -> None:
+        """Relay the signals a shim sends for its child ({"signal": N} lines, RELAYED_SIGNALS only)."""
         try:
             data = conn.recv(4096)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if not data:
             return self._drop(child)
-        self.buffers[child] = self.buffers.get(child, b"") + data
-        *lines, self.buffers[child] = self.buffers[child].split(b"\n")
+        *lines, rest = (self.buffers.get(child, b"") + data).split(b"\n")
+        if max(len(line) for line in (*lines, rest)) > MAX_LINE:
+            _log(f"dropped the connection of child {child}: a line of over {MAX_LINE} bytes")
+            return self._drop(child)
+        self.buffers[child] = rest
         for line in lines:
-            with contextlib.suppress(ValueError, TypeError, ProcessLookupError, json.JSONDecodeError):
-                sig = int(json.loads(line)["signal"])
-                if sig in RELAYED_SIGNALS:
+            try:
+                sig = json.loads(line).get("signal")
+            except Exception:  # no JSON object: ignored, as any other line
+                continue
+            if type(sig) is int and sig in RELAYED_SIGNALS:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(child, sig)
 
     def _reap(self) -> None:
@@ -371,26 +532,25 @@ class ForkServer:
 
     def _child(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
         """In the forked child: become the message's ``flwr-clientapp`` and exit as it does."""
-        server = os.getppid()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the server
+        if os.getppid() != self.pid:  # the server died before the line above: no signal will come
+            os._exit(1)
         signal.set_wakeup_fd(-1)
         for sig, handler in self.original.items():
             signal.signal(sig, handler)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the server
-        if os.getppid() != server:
-            os._exit(1)
         _prctl(PR_SET_NAME, COMMAND.encode()[:15])
         os.setpgid(0, 0)  # the server kills this group when the shim goes away
         self.sel.close()
-        for s in [self.listener, conn, *(c for c in self.children.values() if c is not None)]:
+        for s in [self.listener, conn, *(c for c in self.children.values() if c is not None), *self.arriving]:
             s.close()
-        for fd in (self.wake_r, self.wake_w):
+        for fd in (self.wake_r, self.wake_w, *(fd for a in self.arriving.values() for fd in a.fds)):
             os.close(fd)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        os.chdir(request.get("cwd") or "/")
+        os.chdir(request["cwd"] or "/")
         os.environ.clear()
         os.environ.update(request["env"])
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
@@ -461,12 +621,11 @@ def server_status(path: Path, timeout: float = 5) -> dict:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        devnull = os.open(os.devnull, os.O_RDWR)
-        try:
-            send_request(sock, {"op": "status"}, [devnull])
-        finally:
-            os.close(devnull)
-        return json.loads(sock.makefile("rb").readline())
+        replies = sock.makefile("rb")
+        if not json.loads(replies.readline()).get("ready"):
+            raise ConnectionError(f"the fork server at {path} refused the connection")
+        send_request(sock, {"op": "status"}, [])
+        return json.loads(replies.readline())
 
 
 def switch(folder: Path, warm: bool) -> None:
@@ -502,25 +661,52 @@ def _std_fds() -> list[int]:
     return fds
 
 
+def _timeout() -> float:
+    try:
+        timeout = float(os.environ.get(ENV_TIMEOUT) or SHIM_TIMEOUT)
+    except ValueError:
+        return SHIM_TIMEOUT
+    return timeout if 0 < timeout <= 3600 else SHIM_TIMEOUT
+
+
 def shim() -> int:
-    """``flwr-clientapp`` on a warm node: have the fork server run this call; exit as its child did."""
+    """``flwr-clientapp`` on a warm node: have the fork server run this call; exit as its child did.
+
+    Cold instead (the real command, with the reason on stderr) unless the socket's folders are
+    safe (:func:`trusted_socket`), the server runs as this user or root, and it answers within
+    ``PFLOWER_WARM_TIMEOUT`` seconds."""
     path = os.environ.get(ENV_SOCKET)
     if not path:
         return _fallback(f"{ENV_SOCKET} is not set")
     if os.path.exists(os.path.join(os.path.dirname(path), COLD_FLAG)):
         return _fallback(f"this node is switched cold ({os.path.join(os.path.dirname(path), COLD_FLAG)} exists)")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
-        send_request(sock, {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}, _std_fds())
+        real = trusted_socket(path)
+    except (OSError, WarmError) as err:
+        return _fallback(f"no trusted fork server at {path} ({err})")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    timeout = _timeout()
+    try:
+        sock.settimeout(timeout)
+        sock.connect(real)
+        if (uid := peer_credentials(sock)[1]) not in (0, os.geteuid()):
+            raise WarmError(f"it runs as uid {uid}, neither this user ({os.geteuid()}) nor root")
         replies = sock.makefile("rb")
-        first = json.loads(replies.readline() or b"{}")
-    except (OSError, ValueError) as err:
+        first = json.loads(replies.readline(1 << 16) or b"{}")
+        if isinstance(first, dict) and first.get("ready") is True:
+            send_request(sock, {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}, _std_fds())
+            first = json.loads(replies.readline(1 << 16) or b"{}")
+        sock.settimeout(None)  # the message itself takes as long as it takes
+    except TimeoutError:
+        sock.close()
+        return _fallback(f"the fork server at {path} did not answer within {timeout:g} s")
+    except (OSError, ValueError, WarmError) as err:
         sock.close()
         return _fallback(f"no fork server at {path} ({err})")
-    if "pid" not in first:
+    if not isinstance(first, dict) or type(first.get("pid")) is not int:
         sock.close()
-        return _fallback(f"the fork server at {path} did not start the ClientApp ({first.get('error', 'it closed the connection')})")
+        error = first.get("error") if isinstance(first, dict) else None
+        return _fallback(f"the fork server at {path} did not start the ClientApp ({error or 'it closed the connection'})")
 
     def relay(signum, _frame):
         with contextlib.suppress(OSError):
@@ -529,10 +715,10 @@ def shim() -> int:
     for sig in RELAYED_SIGNALS:
         signal.signal(sig, relay)
     try:
-        last = json.loads(replies.readline() or b"{}")
+        last = json.loads(replies.readline(1 << 16) or b"{}")
     except (OSError, ValueError):
         last = {}
-    if "status" not in last:
+    if not isinstance(last, dict) or type(last.get("status")) is not int:
         print(f"pflower-warm shim: the fork server at {path} went away during the message; its ClientApp (pid {first['pid']}) was stopped with it",
               file=sys.stderr, flush=True)  # fmt: skip
         return 1
