@@ -135,6 +135,15 @@ class Recorder:
             return None
         return write_json(self.dir / "metrics.json", self.document(), indent=1)
 
+    def abort(self, err: BaseException) -> None:
+        """The run died: the trackers closed as failed (MLflow's run FAILED, TensorBoard's events
+        flushed; metrics.json has every round so far already); a tracker that cannot close is only logged."""
+        for tracker in self.trackers:
+            try:
+                tracker.abort(err)
+            except Exception as problem:  # noqa: BLE001 - the run's own error is the one to raise
+                log(WARNING, "%s could not be closed: %s", type(tracker).__name__, problem)
+
     def finish(self) -> None:
         if self.dir is not None:
             self.write()

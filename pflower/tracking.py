@@ -91,6 +91,11 @@ class TensorBoardTracker:
             self.writer.add_image(f"figures/{path.stem}", np.asarray(Image.open(path).convert("RGB")), step, dataformats="HWC")
         self.writer.close()
 
+    def abort(self, err: BaseException) -> None:
+        """The run died: what it wrote so far is flushed and the event file closed."""
+        self.writer.add_text("failure", f"{type(err).__name__}: {err}", 0)
+        self.writer.close()
+
 
 class MlflowTracker:
     """One MLflow run per lineage: the run config as parameters, every row's numbers as metrics,
@@ -127,6 +132,12 @@ class MlflowTracker:
         if figures and (metrics := figures[0].parent / "metrics.json").is_file():
             self.client.log_artifact(self.run_id, str(metrics))
         self.client.set_terminated(self.run_id)
+
+    def abort(self, err: BaseException) -> None:
+        """The run died: its MLflow run ends FAILED, with the error as a tag (a resumed run of the
+        lineage marks it RUNNING again)."""
+        self.client.set_tag(self.run_id, "pflower.failure", f"{type(err).__name__}: {err}"[:5000])
+        self.client.set_terminated(self.run_id, status="FAILED")
 
 
 def open_trackers(run_config: Mapping[str, Any], directory: Path | None, lineage: str) -> list:

@@ -265,6 +265,17 @@ class PflStrategy(Strategy):
         lineage = checkpoint.lineage if checkpoint else uuid.uuid4().hex
         trackers = open_trackers(self.run_config, self.results_dir, lineage)
         recorder = Recorder(self.results_dir, self.run_config, self.num_rounds, rounds=checkpoint.rounds if checkpoint else None, trackers=trackers)
+        try:
+            result = self._run(grid, initial_arrays, checkpoint, lineage, recorder, train_config, evaluate_config, evaluate_fn)
+        except BaseException as err:
+            recorder.abort(err)
+            raise
+        recorder.finish()
+        return result
+
+    def _run(self, grid: Grid, initial_arrays: ArrayRecord | None, checkpoint: Checkpoint | None, lineage: str, recorder: Recorder,
+             train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None, evaluate_fn) -> Result:  # fmt: skip
+        """:meth:`start`'s discovery, resumption and rounds."""
         started = time.time()
         initial_arrays = self.connect(grid, initial_arrays)
         result = Result(arrays=initial_arrays)
@@ -316,7 +327,6 @@ class PflStrategy(Strategy):
             recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0), log_it=self.federation.held is None)
             if recorder.dir is not None:
                 save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, self.run_config, self.state_dict(), recorder.rounds))
-        recorder.finish()
         return result
 
     def _evaluation_back(self, held: HeldEvaluation, result: Result, recorder: Recorder) -> None:
