@@ -178,3 +178,30 @@ def test_a_round_that_sends_nothing_still_gets_the_evaluation_back(grid_factory,
     doc, grid = _run(grid_factory, tmp_path, run_config(method="local", num_server_rounds=3, local_epochs=1))
     assert [r["evaluated"] for r in doc["rounds"]] == [3, 3, 3]
     assert [m.content["config"]["server-round"] for m in grid.sent if m.metadata.message_type == MessageType.EVALUATE] == [1, 1, 1, 3, 3, 3]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedper", "federico"])
+def test_a_riding_evaluation_that_fails_keeps_the_training_and_counts_in_its_own_round(grid_factory, tmp_path, monkeypatch, method):
+    """Client 1's evaluation of round 1 raises on the message of round 2 it rides on: that
+    message's training (or FedeRiCo's plan) still counts in round 2, and the evaluation's error
+    is counted in round 1's row, where it is missing from the accuracies; the other rounds as
+    without the failure."""
+    import importlib
+
+    runtime_class = importlib.import_module("pflower.client_app.app").Runtime
+    real = runtime_class.evaluation
+
+    def fails_once(self, context, config, arrays):
+        if self.client_id == 1 and int(config["server-round"]) == 1:
+            raise RuntimeError("out of memory in evaluation")
+        return real(self, context, config, arrays)
+
+    cfg = {**run_config(method=method, num_server_rounds=3, local_epochs=1), **declarations()[method].example}
+    clean, _ = _run(grid_factory, tmp_path / "clean", cfg)
+    monkeypatch.setattr(runtime_class, "evaluation", fails_once)
+    doc, grid = _run(grid_factory, tmp_path / "failing", cfg)
+    rows, want = doc["rounds"], clean["rounds"]
+    assert rows[0]["rejected"] == {"client-error": 1} and rows[0]["evaluated"] == 2 and "1" not in rows[0]["per-client-accuracy"]
+    assert [r["rejected"] for r in rows[1:]] == [{}, {}]
+    assert _metrics(doc)[0][1:] == _metrics(clean)[0][1:]  # round 2's training had client 1's reply: the same run from there
+    assert rows[0]["train-loss"] == want[0]["train-loss"] and rows[1]["sampled"] == want[1]["sampled"]

@@ -100,7 +100,7 @@ def _check_number(key: str, value, spec: rm.Number, num_clients: int, where: str
         raise Rejected(_reason(key, "range"), f"metric '{key}'{where} is {_short(value)}, outside [{spec.lo:g}, {hi:g}]")
 
 
-def _spec_of(key: str, value, schema: Mapping[str, rm.Spec]) -> rm.Spec:
+def spec_of(key: str, value, schema: Mapping[str, rm.Spec]) -> rm.Spec:
     """The declaration of ``key``: its own, its base key's for ``global-<key>`` (a count there
     has only the absolute bound), or that of an undeclared metric."""
     if key in schema:
@@ -123,7 +123,7 @@ def check_metrics(
     absolute bound); ``num_clients``: the federation's size, which client ids stay below.
     """
     for key, value in metrics.items():
-        spec = _spec_of(key, value, schema)
+        spec = spec_of(key, value, schema)
         if isinstance(spec, rm.Count):
             if type(value) is not int or not 1 <= value <= rm.MAX_COUNT:
                 raise Rejected(_reason(key, "range"), f"{key} {_short(value)} is not a positive integer up to {rm.MAX_COUNT}")
