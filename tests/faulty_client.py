@@ -5,6 +5,9 @@ set. The faulty client is the one whose node config has ``fault`` (deployment), 
 ``FAULTY_PARTITION`` (simulation, where node configs are fixed).
 """
 
+import time
+from pathlib import Path
+
 import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -12,7 +15,7 @@ from flwr.clientapp import ClientApp
 from pflower.client_app import app as pflower_app
 from pflower.records import from_record, to_record
 
-FAULT = "nan"  # nan | drop | wrong-shape
+FAULT = "nan"  # nan | drop | wrong-shape | hang (from round 3 on, until results-dir/release exists)
 FAULTY_PARTITION = 0
 
 app = ClientApp()
@@ -36,8 +39,13 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    reply = pflower_app(msg, context)
     fault = _fault(context)
+    if fault == "hang" and int(msg.content["config"]["server-round"]) >= 3:
+        release, deadline = Path(str(context.run_config["results-dir"])) / "release", time.monotonic() + 300
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise RuntimeError("released: this run was meant to be killed by now")
+    reply = pflower_app(msg, context)
     if fault == "drop":
         raise RuntimeError("this client drops its update")
     if fault in ("nan", "wrong-shape"):

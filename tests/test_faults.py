@@ -12,25 +12,74 @@ from pflower.config import load_settings
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("simulation-faults")]
 
 
-def test_resume_on_flower_continues_exactly(superlink, tmp_path, grid_factory):
-    """2 rounds on Flower, then a second `flwr run` with resume-from (new run, new ClientApp
-    contexts) to round 3: the same rows as one uninterrupted 3-round run (in process, which
-    equals Flower's: see test_simulation_equals_in_process_run)."""
-    base = "method='heurpfedla' heurpfedla.top-k=1 fraction-train=0.67 local-epochs=1"
-    runs = {}
-    for name, rounds, resume in (("first", 2, ""), ("second", 3, tmp_path / "first")):
-        _, status, log = _run(superlink, f"{base} num-server-rounds={rounds} results-dir='{tmp_path / name}' resume-from='{resume}'")
-        assert status == "finished:completed", log
-        runs[name] = json.loads((tmp_path / name / "metrics.json").read_text())
-    assert "Resuming lineage" in log
-    cfg = run_config(method="heurpfedla", heurpfedla__top_k=1, fraction_train=0.67, local_epochs=1, num_server_rounds=3, results_dir=str(tmp_path / "full"))
+def _kill_serverapp_after_checkpoint(superlink, results, round_: int, timeout: float = 300.0) -> None:
+    """Wait until the run writing ``results`` has checkpointed round ``round_``, then SIGKILL its
+    ServerApp (the simulation process of this SuperLink's run): it dies mid-run, as a crash."""
+    import os
+    import signal
+    import time
+
+    import torch
+
+    from pflower.checkpoint import CHECKPOINT
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if torch.load(results / CHECKPOINT, weights_only=True)["round"] >= round_:
+                break
+        except (FileNotFoundError, EOFError, RuntimeError):  # not there yet, or being replaced
+            pass
+        assert time.monotonic() < deadline, f"no checkpoint of round {round_} in {results} within {timeout:.0f} s"
+        time.sleep(0.2)
+    ours = f"FLWR_HOME={superlink}".encode()
+    killed = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline, environ = (open(f"/proc/{pid}/{name}", "rb").read() for name in ("cmdline", "environ"))
+        except OSError:
+            continue
+        if b"flwr-simulation" in cmdline and ours in environ.split(b"\0"):
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+    assert killed, "no simulation process of this SuperLink to kill"
+
+
+@pytest.mark.parametrize("single_message", [True, False], ids=["one-message", "two-phase"])
+def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_factory, single_message):
+    """FedPer (its head stays on the clients, the evaluation sends only the body) on Flower: the
+    ServerApp is killed in round 3 (round 2 checkpointed, its evaluation held for round 3 with
+    one message a round; client 0 holds round 3 open, the others have trained it and saved their
+    state), then resumed by a second `flwr run` (new ClientApp contexts, state from disk): every
+    row, every client's accuracy and the bytes equal one uninterrupted run's (in process, which
+    equals Flower's: test_simulation_equals_in_process_run)."""
+    import threading
+
+    flag = "true" if single_message else "false"
+    base = f"method='fedper' fraction-train=1.0 local-epochs=1 single-message={flag} num-server-rounds=4"
+    first: dict = {}
+    app = faulty_app(tmp_path / "app", "hang")
+    leg = threading.Thread(target=lambda: first.update(zip(("id", "status", "log"), _run(superlink, f"{base} results-dir='{tmp_path / 'first'}'", app=app))))
+    leg.start()
+    try:
+        _kill_serverapp_after_checkpoint(superlink, tmp_path / "first", 2)
+    finally:
+        (tmp_path / "first" / "release").touch()
+        leg.join()
+    assert first["status"] != "finished:completed", first["log"]
+    stopped = json.loads((tmp_path / "first" / "metrics.json").read_text())
+    assert [r["round"] for r in stopped["rounds"]] == [1, 2]
+    _, status, log = _run(superlink, f"{base} results-dir='{tmp_path / 'second'}' resume-from='{tmp_path / 'first'}'")
+    assert status == "finished:completed" and "Resuming lineage" in log, log
+    resumed = json.loads((tmp_path / "second" / "metrics.json").read_text())
+    cfg = run_config(
+        method="fedper", fraction_train=1.0, local_epochs=1, single_message=single_message, num_server_rounds=4, results_dir=str(tmp_path / "full")
+    )
     build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
-    runs["full"] = json.loads((tmp_path / "full" / "metrics.json").read_text())
-    # the first leg's last round sends its evaluation alone, where the full run's rides on round 3 (bytes differ)
-    schedule = {"wall-seconds", "bytes-down", "bytes-up", "cumulative-bytes-down", "cumulative-bytes-up"}
-    strip = lambda doc: [{k: v for k, v in r.items() if k not in schedule} for r in doc["rounds"]]  # noqa: E731
-    assert strip(runs["second"]) == strip(runs["full"])
-    assert runs["second"]["lineage"] == runs["first"]["lineage"] != runs["full"]["lineage"]
+    full = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    strip = lambda doc: [{k: v for k, v in r.items() if k != "wall-seconds"} for r in doc["rounds"]]  # noqa: E731
+    assert strip(resumed) == strip(full)
+    assert resumed["final"] == full["final"] and resumed["lineage"] == stopped["lineage"]
 
 
 @pytest.mark.parametrize("method", ["pfedla"])
