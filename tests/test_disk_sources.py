@@ -197,3 +197,69 @@ def test_a_run_on_each_source(tmp_path, monkeypatch, name):
     assert sum(sum(c) for c in doc["client-label-counts"].values()) == 60
     if name.startswith("hf-"):  # one writer per client: its domain
         assert doc["client-domains"] == {"0": "w0", "1": "w1", "2": "w2"}
+
+
+class _Payload:
+    """A pickle that runs a command when loaded (what a hostile data file holds)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused_before_anything_runs(tmp_path):
+    import pickle
+
+    write_cifar100(tmp_path)
+    marker = tmp_path / "ran"
+    with open(tmp_path / "cifar-100-python" / "test", "wb") as f:
+        pickle.dump({"data": np.zeros((2, 3072), np.uint8), "fine_labels": [0, 1], "x": _Payload(marker)}, f)
+    with pytest.raises(DataError, match=r"cifar-100-python/test.*posix\.system.*never hold"):
+        load(tmp_path, "CIFAR100")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ({"data": np.zeros((4, 3072), np.uint8), "fine_labels": [1, 2, 3]}, r"4 images but 'fine_labels' holds int64 \[3\]"),
+        ({"data": np.zeros((4, 32, 32, 3), np.uint8), "fine_labels": [1, 2, 3, 4]}, r"'data' is uint8 \[4, 32, 32, 3\]; CIFAR's batches hold uint8 rows"),
+        ({"data": np.zeros((4, 3072), np.float32), "fine_labels": [1, 2, 3, 4]}, r"'data' is float32"),
+        (7, "has no 'data' and 'fine_labels'"),
+    ],
+)
+def test_a_cifar_batch_whose_images_and_labels_disagree_is_refused(tmp_path, entry, message):
+    """Labels that would shift against the images from the next batch on, and images stored in
+    another layout that a reshape would scramble, are refused naming the file."""
+    import pickle
+
+    write_cifar100(tmp_path)
+    with open(tmp_path / "cifar-100-python" / "train", "wb") as f:
+        pickle.dump(entry, f)
+    with pytest.raises(DataError, match=message):
+        load(tmp_path, "CIFAR100")
+
+
+def test_a_split_with_a_missing_file_is_an_error_not_dropped(tmp_path):
+    """CIFAR-10 without data_batch_3: the training split is not silently left out."""
+    import pickle
+
+    base = tmp_path / "cifar-10-batches-py"
+    base.mkdir()
+    for name in ("data_batch_1", "data_batch_2", "data_batch_4", "data_batch_5", "test_batch"):
+        with open(base / name, "wb") as f:
+            pickle.dump({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}, f)
+    with pytest.raises(DataError, match="a split has some of its files but not cifar-10-batches-py/data_batch_3"):
+        load(tmp_path, "CIFAR10")
+
+
+def test_svhn_labels_shorter_than_its_images_are_refused(tmp_path):
+    from scipy.io import loadmat, savemat
+
+    write_svhn(tmp_path)
+    mat = loadmat(str(tmp_path / "test_32x32.mat"))
+    savemat(str(tmp_path / "test_32x32.mat"), {"X": mat["X"], "y": mat["y"][:-1]})
+    with pytest.raises(DataError, match=r"test_32x32.mat: 'X' is \[32, 32, 3, 12\] and 'y' has 11 labels"):
+        load(tmp_path, "SVHN")

@@ -88,3 +88,13 @@ def test_shared_mnist_folder_loads():
     pool = load_idx_family("mnist", MNIST_DIR)
     assert pool.x.shape == (10000, 1, 28, 28)
     assert np.bincount(pool.y.numpy()).tolist()[0] == 980  # MNIST t10k has 980 zeros
+
+
+def test_idx_files_kept_both_raw_and_gzipped_are_read_once(tmp_path):
+    """torchvision's MNIST/raw holds every IDX file twice (unzipped and .gz): one pool of 20."""
+    import gzip
+
+    _write_mnist_like(tmp_path, n=20, name="train")
+    for gz in list(tmp_path.glob("*.gz")):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+    assert len(load_idx_family("mnist", tmp_path).y) == 20

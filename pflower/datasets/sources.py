@@ -104,7 +104,10 @@ def read_idx(path: Path) -> np.ndarray:
 def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
     """(images, labels) file pairs in ``root`` whose names start with ``prefix``."""
     pairs = []
-    for img in sorted(root.glob(f"{prefix}*images-idx3-ubyte*")):
+    images = sorted(root.glob(f"{prefix}*images-idx3-ubyte*"))
+    for img in images:
+        if img.suffix == ".gz" and img.with_suffix("") in images:
+            continue  # torchvision keeps both: the same images, read once (unzipped)
         lbl = img.with_name(img.name.replace("images-idx3", "labels-idx1"))
         if not lbl.exists():
             raise DataError(f"{img} has no matching labels file {lbl.name} in {root}")

@@ -3,7 +3,8 @@
 ``root`` is what ``torchvision.datasets.<Name>(root, download=True)`` was given: the files it
 downloaded are read here directly, never downloaded and without importing torchvision, and
 without its checksum test (a copy converted or cut down elsewhere reads as well). Every split
-found is pooled, as for pflower's other sources:
+found is pooled, as for pflower's other sources (a split with some of its files missing is an
+error naming them, never dropped):
 
 - ``MNIST``, ``FashionMNIST``, ``KMNIST``: ``root/<Name>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
 - ``EMNIST``: ``root/EMNIST/raw/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]``;
@@ -11,7 +12,10 @@ found is pooled, as for pflower's other sources:
 - ``SVHN``: ``root/{train,test}_32x32.mat`` (label 10 is digit 0, as torchvision reads it; the
   531,131 ``extra`` images are not pooled)
 - ``CIFAR10``: ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}``; ``CIFAR100``:
-  ``root/cifar-100-python/{train,test}`` (the 100 fine labels)
+  ``root/cifar-100-python/{train,test}`` (the 100 fine labels). The batches are pickles, read by
+  an unpickler that admits only what the format holds (dicts, lists, strings, numbers and numpy
+  arrays): a file with anything else is refused before any of it runs. Each batch's data must be
+  [n, 3072] bytes with n labels
 - ``USPS``: ``root/usps.bz2`` and ``root/usps.t.bz2`` (libsvm text, values in [-1, 1], labels 1..10)
 """
 
@@ -75,6 +79,24 @@ def split_files(root: Path, name: str, emnist_split: str = "balanced") -> list[l
     raise LayoutError(f"torchvision data set {name!r} is not one pflower reads ({', '.join(TORCHVISION_INFO)})")
 
 
+class _BatchUnpickler(pickle.Unpickler):
+    """CIFAR's batches hold dicts, lists, strings, numbers and numpy arrays: the globals a
+    pickle of those names are all it may load; any other (a payload's ``os.system``) is refused."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refers to {module}.{name}, which CIFAR's batches never hold (a pickle that runs code?)")
+        return super().find_class(module, name)
+
+
 def _existing(path: Path) -> Path | None:
     """``path``, or its ``.gz`` for an IDX file, if it exists."""
     if path.is_file():
@@ -88,6 +110,10 @@ def found(root: Path, name: str, emnist_split: str = "balanced") -> list[list[Pa
     :class:`LayoutError` naming the files expected when none is complete."""
     splits = split_files(root, name, emnist_split)
     complete = [[_existing(f) for f in files] for files in splits]
+    for files, there in zip(splits, complete):
+        if any(there) and not all(there):
+            missing = ", ".join(str(f.relative_to(root)) for f, t in zip(files, there) if t is None)
+            raise LayoutError(f"{name} under {root}: a split has some of its files but not {missing}; place them, or remove the split's other files")
     complete = [files for files in complete if all(files)]
     if not complete:
         expected = "; ".join(" + ".join(str(f.relative_to(root)) for f in files) for files in splits)
@@ -112,6 +138,8 @@ def _svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if "X" not in mat or "y" not in mat:
         raise LayoutError(f"{path} has no 'X' and 'y' arrays (SVHN's .mat format)")
     y = mat["y"].astype(np.int64).reshape(-1)
+    if mat["X"].ndim != 4 or mat["X"].shape[:3] != (32, 32, 3) or mat["X"].shape[3] != len(y):
+        raise DataError(f"{path}: 'X' is {list(mat['X'].shape)} and 'y' has {len(y)} labels; SVHN's hold [32, 32, 3, n] images and n labels")
     y[y == 10] = 0
     return np.ascontiguousarray(mat["X"].transpose(3, 2, 0, 1)), y
 
@@ -120,11 +148,16 @@ def _cifar(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for path in files:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")
-        if "data" not in entry or label_key not in entry:
+            entry = _BatchUnpickler(f, encoding="latin1").load()
+        if not isinstance(entry, dict) or "data" not in entry or label_key not in entry:
             raise LayoutError(f"{path} has no 'data' and '{label_key}' (CIFAR's pickled batches)")
-        xs.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(entry[label_key], dtype=np.int64))
+        data, labels = np.asarray(entry["data"]), np.asarray(entry[label_key])
+        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.dtype != np.uint8:
+            raise DataError(f"{path}: 'data' is {data.dtype} {list(data.shape)}; CIFAR's batches hold uint8 rows of 3072 values [n, 3072] (3x32x32)")
+        if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
+            raise DataError(f"{path}: {len(data)} images but '{label_key}' holds {labels.dtype} {list(labels.shape)}; each image needs one integer label")
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(labels.astype(np.int64))
     return np.concatenate(xs), np.concatenate(ys)
 
 
