@@ -113,3 +113,27 @@ def test_node_data_needs_local_test_mode():
 
     with pytest.raises(ConfigError, match="'test-mode' = 'both' .* must be 'local' with dataset='node'"):
         load_settings(run_config(dataset="node", test_mode="both"))
+
+
+def test_node_data_into_a_used_folder_replaces_its_own_and_refuses_anything_else(tmp_path):
+    """A second node-data into the same --out: the earlier nodes' folders replaced whole (node 0
+    has classes 5 now, not 3, 4 and 5); into a folder with other files: refused, nothing
+    touched; a per-class below 1 or a class range too large to be a data set's: refused."""
+    rng = np.random.default_rng(0)
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    _idx(idx / "t10k-images-idx3-ubyte", rng.integers(0, 255, (60, 6, 6), dtype=np.uint8))
+    _idx(idx / "t10k-labels-idx1-ubyte", np.repeat(np.arange(3, 6, dtype=np.uint8), 20))
+    out = tmp_path / "nodes"
+    write_node_folders(idx, out, parse_groups("3-4/5"), per_class=4)
+    (node0,) = write_node_folders(idx, out, parse_groups("5"), per_class=4)
+    assert sorted(p.name for p in out.iterdir()) == ["node0"] and sorted(p.name for p in (node0 / "train").iterdir()) == ["5"]
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"holds notes.txt, which node-data did not write"):
+        write_node_folders(idx, out, parse_groups("3"), per_class=4)
+    assert (out / "notes.txt").read_text() == "mine" and sorted(p.name for p in (node0 / "train").iterdir()) == ["5"]
+    with pytest.raises(ValueError, match="--per-class 0: must be at least 1"):
+        write_node_folders(idx, tmp_path / "other", parse_groups("3"), per_class=0)
+    with pytest.raises(ValueError, match="range 0-99999999 names more than 10000 classes"):
+        parse_groups("0-99999999")
+    assert not list(tmp_path.glob(".node-data-*"))

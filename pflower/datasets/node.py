@@ -14,6 +14,9 @@ output unit a class is.
 
 from __future__ import annotations
 
+import re
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -106,6 +109,10 @@ def load_node_data(node_config: Mapping[str, Any], test_fraction: float, seed: i
     return _load(str(Path(data_dir).expanduser().resolve()), fmt, int(node_config.get("image-size", 0)), test_fraction, seed)
 
 
+#: The most classes a node's group may name (a range included): more than any data set pflower reads has.
+MAX_GROUP = 10_000
+
+
 def parse_groups(text: str) -> list[list[str]]:
     """``"0-3/4-6/7-9"`` or ``"cat,dog/ship"``: one class group per node, ``a-b`` a range of whole numbers."""
     groups = []
@@ -113,6 +120,8 @@ def parse_groups(text: str) -> list[list[str]]:
         names: list[str] = []
         for item in filter(None, (s.strip() for s in part.split(","))):
             lo, _, hi = item.partition("-")
+            if lo.isdigit() and hi.isdigit() and int(hi) - int(lo) >= MAX_GROUP:
+                raise ValueError(f"class groups {text!r}: range {item} names more than {MAX_GROUP} classes")
             names += [str(v) for v in range(int(lo), int(hi) + 1)] if lo.isdigit() and hi.isdigit() else [item]
         if not names:
             raise ValueError(f"class groups {text!r}: group {len(groups)} is empty")
@@ -125,9 +134,13 @@ def write_node_folders(source: Path, out: Path, groups: Sequence[Sequence[str]],
     """Write one image tree per node (``out/node<i>/{train,test}/<class>/*.png``, every
     ``test_every``-th image of a class in ``test/``) holding ``per_class`` images of each class
     in ``groups[i]``, taken from a pooled source: IDX files (MNIST-like, classes named by label
-    value) or an image tree (class folder names). For demos and tests of ``dataset='node'``."""
-    from PIL import Image
+    value) or an image tree (class folder names). For demos and tests of ``dataset='node'``.
 
+    ``out`` is written whole or not at all: the folders are written beside it and moved in; an
+    ``out`` of an earlier node-data (only ``node<i>`` folders) is replaced, any other non-empty
+    folder refused."""
+    if per_class < 1:
+        raise ValueError(f"--per-class {per_class}: must be at least 1 image of each class per node")
     from pflower.datasets.folder import FolderError, is_image_folder, load_folder
     from pflower.datasets.sources import _idx_pairs, read_idx
 
@@ -145,14 +158,30 @@ def write_node_folders(source: Path, out: Path, groups: Sequence[Sequence[str]],
         raise DataError(f"{source} has neither IDX files (train-images-idx3-ubyte...) nor train/<class>/ image folders")
     if unknown := sorted({c for g in groups for c in g} - set(names)):
         raise DataError(f"{source} has no class {unknown[:5]}; its classes: {', '.join(list(names)[:20])}")
-    dirs = []
+    out = Path(out)
+    if out.exists() and (others := sorted(p.name for p in out.iterdir() if not re.fullmatch(r"node\d+", p.name))):
+        raise DataError(f"{out} holds {', '.join(others[:5])}, which node-data did not write: give --out an empty or new folder")
+    new = Path(tempfile.mkdtemp(prefix=".node-data-", dir=out.parent if out.parent.exists() else None))
+    try:
+        _write_nodes(new, x, y, names, groups, per_class, test_every, image_size)
+        if out.exists():  # an earlier node-data's folders: replaced whole, none of theirs kept
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        new.rename(out)
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+    return [out / f"node{i}" for i in range(len(groups))]
+
+
+def _write_nodes(out: Path, x, y, names, groups, per_class: int, test_every: int, image_size: int) -> None:
+    from PIL import Image
+
     for i, group in enumerate(groups):
         node = out / f"node{i}"
+        node.mkdir(parents=True)
         for c in group:
             for j, k in enumerate(np.flatnonzero(y == list(names).index(c))[:per_class]):
                 folder = node / ("test" if j % test_every == 0 else "train") / c
                 folder.mkdir(parents=True, exist_ok=True)
                 img = Image.fromarray(x[k].transpose(1, 2, 0).squeeze(-1) if x.shape[1] == 1 else x[k].transpose(1, 2, 0))
                 (img.resize((image_size, image_size)) if image_size else img).save(folder / f"{j}.png")
-        dirs.append(node)
-    return dirs
