@@ -32,10 +32,29 @@ DEPLOYMENT = pytest.mark.xdist_group("deployment")
 NODE_CLASSES = parse_groups("0-3/4-6/7-9")
 
 
-def _deployment(tmp_path_factory, node_data=(), hide=(), warm=True) -> Deployment:
+def _deployment(tmp_path_factory, node_data=(), hide=(), warm=True, node_config=None) -> Deployment:
     # Node 2 misbehaves when the run's ClientApp is tests/faulty_client.py; pflower's own ignores the key.
-    return Deployment(tmp_path_factory.mktemp("deploy"), nodes=3, netns=True, node_config={2: 'fault="wrong-shape"'},
+    node_config = {**(node_config or {}), 2: f'{(node_config or {}).get(2, "")} fault="wrong-shape"'.strip()}
+    return Deployment(tmp_path_factory.mktemp("deploy"), nodes=3, netns=True, node_config=node_config,
                       node_data=node_data, hide=hide, warm=warm)  # fmt: skip
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.2) -> None:
+    """Poll ``condition`` until it holds; after ``timeout`` seconds fail, saying ``what`` was awaited."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(interval)
+
+
+def wait_ready(dep: Deployment, timeout: float = 180) -> None:
+    """Every SuperNode online as the SuperLink sees it, and every warm node's fork server done
+    importing: a message sent now finds its node and runs warm (a shim that waits more than
+    PFLOWER_WARM_TIMEOUT for a server still importing goes cold, which assert_warm fails)."""
+    for i in range(dep.nodes):
+        dep.wait_status(i, {"online"}, timeout)
+    for name in sorted(dep.warm_names):
+        wait_until(lambda name=name: "fork server ready" in dep.log(name), timeout, f"{name}'s fork server ready")
 
 
 def assert_warm(dep: Deployment, name: str, starts: int = 1) -> None:
@@ -57,12 +76,20 @@ def deployment(tmp_path_factory):
     hide = [root] + ([MNIST_DIR.parent] if MNIST_DIR.is_dir() else [])
     with _deployment(tmp_path_factory, dirs, hide, warm={0, 1}) as dep:
         dep.node_data_root = root
+        wait_ready(dep)
         yield dep
 
 
 @pytest.fixture
 def crash_deployment(tmp_path_factory):
-    with _deployment(tmp_path_factory) as dep:
+    """Every node warm; node 0 held at round 2's training (where the test kills it), node 1 at
+    round 3's (which the test lets go once node 0 is back): gates in ``dep.gates``, see
+    tests/faulty_client.py."""
+    gates = tmp_path_factory.mktemp("gates")
+    config = {i: f'gate-round={i + 2} gate="{gates / f"node{i}"}"' for i in (0, 1)}
+    with _deployment(tmp_path_factory, node_config=config) as dep:
+        dep.gates = gates
+        wait_ready(dep)
         yield dep
 
 
@@ -135,49 +162,52 @@ def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deploym
 
 @pytest.mark.xdist_group("crash")
 def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(crash_deployment, tmp_path):
-    """Node 0 is killed as round 2 of 4 starts and restarted as a supervisor would: with its key
-    the SuperLink lets it back in once its old heartbeats lapse (about a minute), so it misses
-    round 2 and, depending on timing, the rounds after it; once back it answers under its client
-    id, from the state in its state-dir. A resumed run has it back as well (that a resumed run
-    restores exactly is shown in test_faults and test_checkpoint).
+    """Node 0 is killed while it has round 2's training message (of 4), and restarted as a
+    supervisor would: with its key the SuperLink lets it back in once its old heartbeats lapse
+    (about a minute). Round 3 cannot end before node 0 is back online and warm (node 1's training
+    waits for it), so round 4, the first round sent after that, includes it: it answers under
+    its client id, from the state in its state-dir. A resumed run has it back as well (that a
+    resumed run restores exactly is shown in test_faults and test_checkpoint).
     Meanwhile node 2's ClientApp sends wrong shapes every round; they are rejected."""
+    dep = crash_deployment
     app = faulty_app(tmp_path / "app", fault="")
     first, second = tmp_path / "first", tmp_path / "second"
-    # A generous timeout: the dead node's phases end when the SuperLink marks it offline (its
-    # heartbeats lapse, about a minute), and the healthy nodes must never miss one under load.
-    base = "method='heurpfedla' heurpfedla.top-k=1 local-epochs=2 round-timeout=120"
+    # A generous timeout: round 3 lasts until node 0 is back, which restart_node bounds (240 s);
+    # the dead node's phases end when the SuperLink marks it offline, not at this timeout.
+    base = "method='heurpfedla' heurpfedla.top-k=1 local-epochs=2 round-timeout=300"
     outcome = {}
     runner = threading.Thread(
-        target=lambda: outcome.update(zip(("id", "status", "log"), crash_deployment.submit(app, f"{base} num-server-rounds=4 results-dir='{first}'")))
+        target=lambda: outcome.update(zip(("id", "status", "log"), dep.submit(app, f"{base} num-server-rounds=4 results-dir='{first}'"))),
+        daemon=True,  # a failing test does not wait for the run: the deployment's teardown ends it
     )
     runner.start()
-    deadline = time.monotonic() + 300
-    while not ((first / "metrics.json").exists() and _metrics(first)["rounds"]):
-        assert time.monotonic() < deadline and runner.is_alive(), outcome.get("log")
-        time.sleep(0.2)
-    crash_deployment.kill_node(0)
-    restarter = threading.Thread(target=crash_deployment.restart_node, args=(0,))
-    restarter.start()
+    wait_until(lambda: (dep.gates / "node0.reached").exists() or not runner.is_alive(), 300, "node 0 training in round 2")
+    assert runner.is_alive(), outcome.get("log")
+    dep.kill_node(0)
+    (dep.gates / "node0").touch()  # were round 2's message ever delivered again, it would not wait
+    dep.restart_node(0)  # returns once the SuperLink says it is online
+    wait_until(lambda: dep.log("node0").count("fork server ready") >= 2, 180, "node 0's fork server ready again")
+    (dep.gates / "node1").touch()  # round 3 may end: round 4 goes to node 0 as well
     runner.join(600)
-    restarter.join(300)
-    assert crash_deployment.node_status(0) == "online"
-    assert outcome["status"] == "finished:completed", outcome["log"]
+    assert not runner.is_alive() and outcome["status"] == "finished:completed", outcome.get("log")
+    assert dep.node_status(0) == "online"
     rounds = _metrics(first)["rounds"]
-    # round 1's evaluation rode on round 2's message to node 0, lost with it
-    assert rounds[0]["missing"] == rounds[1]["missing"] == [0]
-    assert all(r["missing"] in ([], [0]) for r in rounds), [(r["missing"], r["wall-seconds"]) for r in rounds]
+    # round 1's evaluation rode on round 2's message to node 0, lost with it; round 3's message
+    # went to node 0 while it was down (or, were it back already, was answered)
+    assert [r["missing"] for r in rounds] in ([[0], [0], [0], []], [[0], [0], [], []]), [(r["missing"], r["wall-seconds"]) for r in rounds]
+    assert "0" in rounds[2]["per-client-accuracy"] and "0" in rounds[3]["per-client-accuracy"]  # round 3's evaluation rode on round 4
     assert [r["rejected"] for r in rounds] == [{"shape": 1}] * 4
     acc0 = next(r["per-client-accuracy"]["0"] for r in rounds if "0" in r["per-client-accuracy"])
 
-    _, status, log = crash_deployment.submit(app, f"{base} num-server-rounds=5 results-dir='{second}' resume-from='{first}'")
+    _, status, log = dep.submit(app, f"{base} num-server-rounds=5 results-dir='{second}' resume-from='{first}'")
     assert status == "finished:completed", log
     resumed = _metrics(second)["rounds"]
     assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5] and resumed[4]["missing"] == []
     assert resumed[4]["per-client-accuracy"]["0"] >= acc0 - 0.02  # no reset to an untrained model
-    saved = crash_deployment.dir / "state" / "node0" / _metrics(first)["lineage"] / "client-0"
+    saved = dep.dir / "state" / "node0" / _metrics(first)["lineage"] / "client-0"
     assert "round-000005.pt" in {p.name for p in saved.iterdir()}  # its state went on in its state-dir
     # warm: node 0's fork server was killed with it and started again with it; node 2's ClientApp
     # raised nothing but sent wrong shapes through forked children; every node stayed warm
-    assert_warm(crash_deployment, "node0", starts=2)
+    assert_warm(dep, "node0", starts=2)
     for i in (1, 2):
-        assert_warm(crash_deployment, f"node{i}")
+        assert_warm(dep, f"node{i}")
