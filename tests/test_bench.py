@@ -218,8 +218,11 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
     copy.write_text(page.read_text().replace(_block(page.read_text(), suite), "\nstale\n"))
     args = ["--file", str(PROJECT_SUITES), "--records", str(tmp_path / "records"), "--results", str(tmp_path / "results"), "--page", str(copy)]
     assert main([suite, "--report-only", *args]) == 0
-    assert copy.read_text() == page.read_text()
     _, runs = load_suite(PROJECT_SUITES, suite)
+    if any(not (RECORDS / suite / r.grid).is_dir() for r in runs):  # a suite rerun in part (a long rerun in progress): its page is left alone
+        assert _block(copy.read_text(), suite) == "\nstale\n"
+        return
+    assert copy.read_text() == page.read_text()
     for grid in dict.fromkeys(r.grid for r in runs):
         assert (copy.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
         assert (page.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
