@@ -21,7 +21,8 @@ from pflower.config import ConfigError, Settings
 CHECKPOINT = "checkpoint.pt"
 
 #: Keys a resumed run may change; every other key must equal the checkpoint's.
-RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "round-timeout", "data-dir", "state-dir", "single-message",
+#: ``state-dir`` is not among them: the clients find their saved states where the run saved them.
+RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "round-timeout", "data-dir", "single-message",
                                "tensorboard", "mlflow", "mlflow-tracking-uri", "mlflow-experiment"})  # fmt: skip
 
 

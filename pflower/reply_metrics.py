@@ -23,6 +23,8 @@ MAX_MAGNITUDE = 1e15
 MAX_LIST = 100_000
 #: The largest sample count any reply may state, whatever it declared before.
 MAX_COUNT = 2**40
+#: The most clients a federation may say it has (the server keeps state per client).
+MAX_CLIENTS = 100_000
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,10 @@ EVALUATE: dict[str, Spec] = {
 #: The identity reply (the ``query`` handler): who the client is and what its data is.
 IDENTITY: dict[str, Spec] = {
     "client-id": CLIENT_ID,
-    "num-clients": Number(1, MAX_COUNT, integer=True),
+    "num-clients": Number(1, MAX_CLIENTS, integer=True),
     "num-examples": Number(1, MAX_COUNT, integer=True),
     "test-examples": Number(0, MAX_COUNT, integer=True),
     "classes": Numbers(Number(0, MAX_COUNT, integer=True), distinct=True),
     "label-counts": Numbers(Number(0, MAX_COUNT, integer=True)),
     "evaluates-riding": Number(0, 1, integer=True),
 }
-#: A relayed step's reply (FedeRiCo): its records are checked by the relay; its metrics here.
-RELAY: dict[str, Spec] = {"client-id": CLIENT_ID, "num-examples": Count("train"), "updates-received": Number(0, MAX_COUNT, integer=True)}

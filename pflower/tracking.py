@@ -109,9 +109,11 @@ class MlflowTracker:
         found = self.client.get_experiment_by_name(experiment)
         exp_id = found.experiment_id if found else self.client.create_experiment(experiment, artifact_location=artifacts.as_uri())
         runs = self.client.search_runs([exp_id], filter_string=f"tags.`pflower.lineage` = '{lineage}'", max_results=1)
-        if runs:  # a resumed run goes on in its lineage's run
+        if runs:  # a resumed run goes on in its lineage's run (no longer failed)
             self.run_id = runs[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            if "pflower.failure" in runs[0].data.tags:
+                self.client.delete_tag(self.run_id, "pflower.failure")
             return
         name = f"{run_config.get('method', 'run')} seed {run_config.get('seed', 0)}"
         self.run_id = self.client.create_run(exp_id, run_name=name, tags={"pflower.lineage": lineage}).info.run_id

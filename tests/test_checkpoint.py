@@ -71,6 +71,7 @@ def test_checkpoint_written_every_round(tmp_path, grid_factory):
     [
         ({"lr": 0.05}, "run config key 'lr' = 0.05 is not allowed: differs from the checkpoint"),
         ({"num_server_rounds": 1}, "run config key 'num-server-rounds' = 1 is not allowed: must be >= 2"),
+        ({"state_dir": "/elsewhere"}, "run config key 'state-dir' = '/elsewhere' is not allowed: differs from the checkpoint"),
     ],
 )
 def test_incompatible_resume_is_refused(tmp_path, grid_factory, change, message):
@@ -106,3 +107,43 @@ def test_state_found_in_a_fallback_root_is_copied_forward(tmp_path):
     store = StateStore(1, tmp_path / "new", tmp_path / "old")
     assert store.load("L", before_round=4) is not None
     assert (tmp_path / "new" / "L" / "client-1" / "round-000003.pt").is_file()
+
+
+def test_bad_resumed_from_links_are_ignored_and_chains_are_bounded(tmp_path):
+    """A link file a client cannot use (not a list, names that are not paths, a cycle, more
+    roots than a chain may have) never stops a client: it searches what it can."""
+    import json
+
+    from pflower.client_app.store import LINK, MAX_CHAIN
+
+    store = StateStore(1, tmp_path / "c", tmp_path / "b")
+    for bad in ("null", "5", '"/etc"', "{", json.dumps([str(tmp_path / "c"), 3, None, ""])):
+        (tmp_path / "b" / "L").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "b" / "L" / LINK).write_text(bad)
+        assert store.chain("L") == [tmp_path / "c", tmp_path / "b"]
+    (tmp_path / "b" / "L" / LINK).write_text(json.dumps([str(tmp_path / f"r{i}") for i in range(3 * MAX_CHAIN)]))
+    assert len(store.chain("L")) == MAX_CHAIN
+
+
+def test_resumed_with_no_round_left_the_held_evaluation_still_goes(tmp_path, grid_factory, monkeypatch):
+    """A crash before round 3's checkpoint leaves round 2's evaluation held in the checkpoint of
+    round 2; resumed with num-server-rounds=2 there is no round to carry it: it goes alone and
+    round 2's row has the evaluation the uninterrupted run has."""
+    from pflower.strategies import loop
+
+    kw = dict(method="fedper")
+    _, full = _run(grid_factory, tmp_path / "full", 3, **kw)
+    real = loop.save_checkpoint
+
+    def crash(directory, ckpt):
+        if ckpt.round == 3:
+            raise RuntimeError("died")
+        return real(directory, ckpt)
+
+    monkeypatch.setattr(loop, "save_checkpoint", crash)
+    with pytest.raises(RuntimeError, match="died"):
+        _run(grid_factory, tmp_path / "first", 3, **kw)
+    monkeypatch.setattr(loop, "save_checkpoint", real)
+    _, doc = _run(grid_factory, tmp_path / "second", 2, resume=str(tmp_path / "first"), **kw)
+    assert [r["round"] for r in doc["rounds"]] == [1, 2]
+    assert doc["rounds"][1]["evaluated"] == 3 and doc["rounds"][1]["per-client-accuracy"] == full["rounds"][1]["per-client-accuracy"]

@@ -232,3 +232,72 @@ def test_send_and_receive_returns_what_came_by_the_timeout_and_polls_sparingly()
     t0 = time.monotonic()
     assert len(send_and_receive(grid, msgs[:2], timeout=10.0)) == 2
     assert time.monotonic() - t0 < 2.0  # returns when all replies came, not at the timeout
+
+
+def _identity_tamper(client: int, change: dict):
+    def tamper(partition: int, reply: Message) -> Message:
+        if partition == client and reply.metadata.message_type == "query" and not reply.has_error():
+            reply.content["metrics"] = MetricRecord({**dict(reply.content["metrics"]), **change})
+        return reply
+
+    return tamper
+
+
+@pytest.mark.parametrize("change", [{"client-id": 7}, {"num-clients": 2**40}], ids=["client-id", "num-clients"])
+@pytest.mark.parametrize("method", ["pfedla", "pfedhn", "fedfomo"])
+def test_an_identity_beyond_the_federation_is_refused(tmp_path, method, change):
+    """A node that says it is client 7 of 3, or one of 2**40 clients: refused at identity (the
+    server keeps state per client and never sizes it from such a reply); the others run."""
+    cfg = run_config(method=method, num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
+    from pflower.client_app import app
+
+    strategy = build_strategy(load_settings(cfg))
+    strategy.connect(InProcessGrid(app, cfg, 3, tamper=_identity_tamper(2, change)), timeout=1)
+    assert strategy.federation.ids == [0, 1] and strategy.federation.num_clients == 3
+
+
+def test_label_counts_of_another_length_leave_the_client_out_of_the_figure(tmp_path, grid_factory):
+    """One client's label counts with a class too many: the run ends with its figures; the
+    partition figure and metrics.json have the others' counts."""
+    from pflower.client_app import app
+
+    cfg = run_config(method="fedavg", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    strategy.start(grid=InProcessGrid(app, cfg, 3, tamper=_identity_tamper(1, {"label-counts": [1] * 11})))
+    import json
+
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert sorted(doc["client-label-counts"]) == ["0", "2"] and (tmp_path / "partition.png").is_file()
+
+
+def test_a_failed_round_keeps_the_evaluation_that_came_back_with_it(tmp_path, grid_factory):
+    """Round 2's training replies are all NaN (the round fails): round 1's evaluation, which
+    rode on round 2's messages and came back valid, is in round 1's row."""
+    import json
+
+    from pflower.client_app import app
+    from pflower.strategies.loop import RoundFailedError
+
+    def nan_in_round_2(partition: int, reply: Message) -> Message:
+        if reply.metadata.message_type == "train" and not reply.has_error() and "arrays" in reply.content:
+            arrays = from_record(reply.content["arrays"])
+            if reply.content["metrics"]["num-examples"] and len(arrays) and _round_two[0]:
+                key = next(iter(arrays))
+                arrays[key] = torch.full_like(arrays[key], float("nan"))
+                reply.content["arrays"] = to_record(arrays)
+        return reply
+
+    _round_two = [False]
+    cfg = run_config(method="fedavg", num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    real = strategy.run_round
+
+    def run_round(grid, rnd, *args):
+        _round_two[0] = rnd == 2
+        return real(grid, rnd, *args)
+
+    strategy.run_round = run_round
+    with pytest.raises(RoundFailedError, match="round 2"):
+        strategy.start(grid=InProcessGrid(app, cfg, 3, tamper=nan_in_round_2))
+    rows = json.loads((tmp_path / "metrics.json").read_text())["rounds"]
+    assert rows[0]["evaluated"] == 3 and rows[0]["accuracy"] is not None

@@ -115,3 +115,4 @@ def test_a_serverapp_that_dies_leaves_its_mlflow_run_failed_and_its_events_flush
     _serve({**cfg, "resume-from": str(tmp_path / "a")}, tmp_path / "b")
     (run,) = client.search_runs([client.get_experiment_by_name("pflower").experiment_id])
     assert run.info.status == "FINISHED" and [m.step for m in client.get_metric_history(run.info.run_id, "accuracy")] == [1, 2, 3]
+    assert "pflower.failure" not in run.data.tags

@@ -261,7 +261,8 @@ def query(msg: Message, context: Context) -> Message:
         counts = np.bincount(data.y.numpy(), minlength=len(data.names)).tolist()
     else:
         counts = label_counts(rt.settings, rt.client_id, rt.num_clients)
-    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "test-examples": len(rt.test),
+    tested = len(rt.global_test) if rt.settings.test_mode == "global" else len(rt.test)  # what its evaluation's num-examples counts
+    reply = MetricRecord({"client-id": rt.client_id, "num-clients": rt.num_clients, "num-examples": len(rt.train), "test-examples": tested,
                           "classes": classes, "label-counts": counts, single_message.CAPABLE: 1})  # fmt: skip
     content = RecordDict({"metrics": reply})
     if rt.settings.node_data:  # what the server builds the model from

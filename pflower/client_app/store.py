@@ -83,13 +83,16 @@ class StateStore:
     def chain(self, lineage: str) -> list[Path]:
         """The roots to search, newest run first: this store's, then every root the runs before
         resumed from, as their links say."""
-        roots, k = list(self.roots), 0
-        while k < len(roots) and len(roots) < MAX_CHAIN:
+        roots, seen, k = list(self.roots), set(self.roots), 0
+        while k < len(roots):
             try:
                 linked = json.loads((roots[k] / lineage / LINK).read_text())
             except (OSError, ValueError):
                 linked = []
-            roots += [Path(r) for r in linked if isinstance(r, str) and Path(r) not in roots]
+            for r in linked if isinstance(linked, list) else []:
+                if isinstance(r, str) and r and Path(r) not in seen and len(roots) < MAX_CHAIN:
+                    roots.append(Path(r))
+                    seen.add(Path(r))
             k += 1
         return roots
 

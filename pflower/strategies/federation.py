@@ -163,6 +163,9 @@ class Federation:
         try:
             r = check_reply(reply, None, None, reply_metrics.IDENTITY)
             n_clients = int(r.metrics["num-clients"])
+            if r.client_id >= n_clients or (self.fixed and r.client_id >= self.num_clients):
+                most = self.num_clients if self.fixed else n_clients
+                raise Rejected("client-id", f"client-id {r.client_id} is not below the federation's {most} clients")
         except (Rejected, KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %s did not identify itself: %s", node, err)
             return str(err)
@@ -191,6 +194,18 @@ class Federation:
         if not self.fixed:
             self.num_clients = max(self.num_clients, n_clients)
         return None
+
+    def consistent_label_counts(self) -> dict[int, list[int]]:
+        """The clients' label counts of the length most of them have (one per class); a client
+        whose list has another length is left out of the partition figure, named in the log."""
+        from collections import Counter
+
+        if not self.label_counts:
+            return {}
+        length = Counter(len(v) for v in self.label_counts.values()).most_common(1)[0][0]
+        if odd := sorted(c for c, v in self.label_counts.items() if len(v) != length):
+            log(WARNING, "Clients %s reported label counts of another length than the others' %d; left out of the partition figure", odd[:10], length)
+        return {c: v for c, v in self.label_counts.items() if len(v) == length}
 
     def _refuse(self, node: int, client: int, why: str) -> str:
         """Leave ``node`` out of the run for good (it is not asked again) and say why."""

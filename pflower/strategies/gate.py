@@ -8,7 +8,9 @@ declared at its identity reply or first reported), then the update norm (uploade
 the client started from) at most ``max-update-norm``. A rejected reply is logged with its
 client and reason, counted per reason under the round it belongs to (metrics.json
 ``rejected``; a riding evaluation's under the round it evaluates: :meth:`ReplyGate.round_of`)
-and kept in that round's problems (a round that fails names them).
+and kept in that round's problems (a round that fails names them). FedeRiCo's relayed steps
+pass as error replies and records (:meth:`ReplyGate.arrays`; the relay checks the rest of what
+it forwards); their metrics are never read.
 """
 
 from __future__ import annotations

@@ -267,10 +267,10 @@ class PflStrategy(Strategy):
         recorder = Recorder(self.results_dir, self.run_config, self.num_rounds, rounds=checkpoint.rounds if checkpoint else None, trackers=trackers)
         try:
             result = self._run(grid, initial_arrays, checkpoint, lineage, recorder, train_config, evaluate_config, evaluate_fn)
+            recorder.finish()
         except BaseException as err:
             recorder.abort(err)
             raise
-        recorder.finish()
         return result
 
     def _run(self, grid: Grid, initial_arrays: ArrayRecord | None, checkpoint: Checkpoint | None, lineage: str, recorder: Recorder,
@@ -302,8 +302,8 @@ class PflStrategy(Strategy):
                                "timeline": timeline, "evaluation": self.evaluation})  # fmt: skip
         if self.federation.classes:
             recorder.extra["client-classes"] = {str(c): v for c, v in sorted(self.federation.classes.items())}
-        if self.federation.label_counts:
-            recorder.extra["client-label-counts"] = {str(c): v for c, v in sorted(self.federation.label_counts.items())}
+        if counts := self.federation.consistent_label_counts():
+            recorder.extra["client-label-counts"] = {str(c): v for c, v in sorted(counts.items())}
         if self.federation.domains:
             recorder.extra["client-domains"] = {str(c): v for c, v in sorted(self.federation.domains.items())}
         for rnd in range(first, self.num_rounds + 1):
@@ -312,7 +312,12 @@ class PflStrategy(Strategy):
                 self.federation.query_new_nodes(grid, self.round_timeout)
             self.gate.new_round()
             config = {"server-round": rnd, "lineage": lineage}
-            row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
+            try:
+                row = self.run_round(grid, rnd, config, dict(train_config or {}), result)
+            except RoundFailedError:  # the evaluation that came back with the failed round still counts
+                if (held := self.federation.take_sent_held()) is not None:
+                    self._evaluation_back(held, result, recorder)
+                raise
             if self.federation.held is not None:  # the round sent no phase to ride on: the evaluation goes alone
                 alone = self.federation.phase(grid, [], self.round_timeout)
                 row.update({"bytes-down": row["bytes-down"] + alone.down, "bytes-up": row["bytes-up"] + alone.up})
@@ -327,6 +332,11 @@ class PflStrategy(Strategy):
             recorder.add_round(self._row(rnd, row, result, time.perf_counter() - t0), log_it=self.federation.held is None)
             if recorder.dir is not None:
                 save_checkpoint(recorder.dir, Checkpoint(lineage, rnd, self.run_config, self.state_dict(), recorder.rounds))
+        if self.federation.held is not None:  # resumed with no round left to carry it: it goes alone
+            phase = self.federation.phase(grid, [], self.round_timeout)
+            self._evaluation_back(self.federation.take_sent_held(), result, recorder)
+            last = recorder.rounds[-1]
+            recorder.complete_round(last["round"], {"bytes-down": last["bytes-down"] + phase.down, "bytes-up": last["bytes-up"] + phase.up})
         return result
 
     def _evaluation_back(self, held: HeldEvaluation, result: Result, recorder: Recorder) -> None:
