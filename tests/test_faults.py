@@ -17,11 +17,14 @@ def _kill_serverapp_after_checkpoint(superlink, results, round_: int, timeout: f
     ServerApp (the simulation process of this SuperLink's run): it dies mid-run, as a crash."""
     import os
     import signal
+    import subprocess
     import time
 
     import torch
 
     from pflower.checkpoint import CHECKPOINT
+    from pflower.launcher import CONNECTION, flower_env
+    from pflower.processes import console_script
 
     deadline = time.monotonic() + timeout
     while True:
@@ -43,6 +46,12 @@ def _kill_serverapp_after_checkpoint(superlink, results, round_: int, timeout: f
             os.kill(int(pid), signal.SIGKILL)
             killed.append(pid)
     assert killed, "no simulation process of this SuperLink to kill"
+    # as an operator would: the run is marked stopped at once instead of when its heartbeats lapse
+    env, flwr = flower_env(superlink), console_script("flwr")
+    runs = json.loads(subprocess.run([flwr, "ls", CONNECTION, "--format", "json"], env=env, capture_output=True, text=True, check=True).stdout)
+    for run in runs["runs"]:
+        if run["status"].startswith("running"):
+            subprocess.run([flwr, "stop", str(run["run-id"]), CONNECTION], env=env, capture_output=True, text=True, check=True)
 
 
 @pytest.mark.parametrize("single_message", [True, False], ids=["one-message", "two-phase"])

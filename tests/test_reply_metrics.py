@@ -166,7 +166,7 @@ TRAINING = [m for m, d in declarations().items() if d.strategy != declarations()
 
 
 @pytest.mark.parametrize("name", TRAINING)
-@hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hsettings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_generated_training_metrics(name, data):
     base, train, _ = _setup(name)
@@ -201,7 +201,7 @@ def _evaluate(strategy, replies: list[Message]) -> dict:
 
 @pytest.mark.parametrize("riding", [False, True], ids=["alone", "riding"])
 @pytest.mark.parametrize("name", sorted(declarations()))
-@hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hsettings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_generated_evaluation_metrics(name, riding, data):
     """Alone, an evaluation reply; riding, the evaluation in a training reply (``evaluation``, or
