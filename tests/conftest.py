@@ -29,7 +29,7 @@ os.environ["PFLOWER_DEVICE"] = "cpu"
 
 #: xdist groups, longest first: collected first, each starts on a worker of its own at once
 #: instead of after a worker's share of the unit tests.
-LONG_GROUPS = ("crash", "simulation", "simulation-faults", "deployment")
+LONG_GROUPS = ("crash", "simulation", "simulation-faults", "deployment", "simulation-resume")
 
 
 def pytest_collection_modifyitems(items):

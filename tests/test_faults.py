@@ -54,6 +54,7 @@ def _kill_serverapp_after_checkpoint(superlink, results, round_: int, timeout: f
             subprocess.run([flwr, "stop", str(run["run-id"]), CONNECTION], env=env, capture_output=True, text=True, check=True)
 
 
+@pytest.mark.xdist_group("simulation-resume")  # its own worker: beside the other fault tests it would be the suite's longest chain
 @pytest.mark.parametrize("single_message", [True, False], ids=["one-message", "two-phase"])
 def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_factory, single_message):
     """FedPer (its head stays on the clients, the evaluation sends only the body) on Flower: the
@@ -65,7 +66,7 @@ def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_f
     import threading
 
     flag = "true" if single_message else "false"
-    base = f"method='fedper' fraction-train=1.0 local-epochs=1 single-message={flag} num-server-rounds=4"
+    base = f"method='fedper' fraction-train=1.0 local-epochs=1 single-message={flag} num-server-rounds=3"
     first: dict = {}
     app = faulty_app(tmp_path / "app", "hang")
     leg = threading.Thread(target=lambda: first.update(zip(("id", "status", "log"), _run(superlink, f"{base} results-dir='{tmp_path / 'first'}'", app=app))))
@@ -82,7 +83,7 @@ def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_f
     assert status == "finished:completed" and "Resuming lineage" in log, log
     resumed = json.loads((tmp_path / "second" / "metrics.json").read_text())
     cfg = run_config(
-        method="fedper", fraction_train=1.0, local_epochs=1, single_message=single_message, num_server_rounds=4, results_dir=str(tmp_path / "full")
+        method="fedper", fraction_train=1.0, local_epochs=1, single_message=single_message, num_server_rounds=3, results_dir=str(tmp_path / "full")
     )
     build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
     full = json.loads((tmp_path / "full" / "metrics.json").read_text())

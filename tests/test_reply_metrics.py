@@ -133,7 +133,7 @@ def _mutations(draw, schema: dict, metrics: dict, num_clients: int, bound):
             if isinstance(spec, rm.Numbers) and isinstance(spec.length, str):
                 continue  # its length follows another key's: left as it is
             most = (bound(spec.of) or rm.MAX_COUNT) if isinstance(spec, rm.Count) else 0
-            out[key] = _inside(spec, out.get(key, metrics[key]), draw, num_clients, most)
+            out[key] = _inside(spec, metrics[key], draw, num_clients, most)  # the genuine list's length
             bad.discard(key)
         else:
             current = out.get(key, metrics[key])
