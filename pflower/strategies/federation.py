@@ -294,16 +294,16 @@ class Federation:
         sent, self.sent_held = self.sent_held, None
         return sent
 
-    def _with_held(self, messages: list[Message], held: HeldEvaluation) -> tuple[list[Message], dict[int, int], set[int]]:
+    def _with_held(self, messages: list[Message], held: HeldEvaluation) -> tuple[list[Message], set[int], set[int]]:
         """The phase's messages with the held evaluation on them or beside them, addressed to
-        each client's node now; the evaluated nodes (node -> client) and those whose message carries one."""
+        each client's node now; the evaluated nodes and those whose message carries one."""
         hosts = {m.metadata.dst_node_id: m for m in messages if m.metadata.message_type != MessageType.EVALUATE}
-        alone, carried, evaluated = [], set(), {}
+        alone, carried, evaluated = [], set(), set()
         for cid in held.clients:
             node = self.node_of.get(cid)
             if node is None:
                 continue
-            evaluated[node] = cid
+            evaluated.add(node)
             ev = Message(held.content(cid), dst_node_id=node, message_type=MessageType.EVALUATE)
             if node in hosts and cid in self.riders:
                 single_message.attach(hosts[node], ev)
@@ -317,7 +317,7 @@ class Federation:
         evaluation (:meth:`hold`) goes along; its replies go to :meth:`take_sent_held`."""
         held, self.held = self.held, None
         to = {(m.metadata.dst_node_id, m.metadata.message_type): self.client_of.get(m.metadata.dst_node_id) for m in messages}
-        evaluated: dict[int, int] = {}
+        evaluated: set[int] = set()
         carried: set[int] = set()
         if held is not None:
             messages, evaluated, carried = self._with_held(messages, held)

@@ -3,7 +3,7 @@
 Round t's evaluation is owed to clients, by client id and never by node id (a SuperNode that
 restarts comes back under a new node id), each with the content its evaluation message carries:
 the arrays to evaluate with and the config, which names the round and the personal state to
-evaluate (:data:`STATE_AFTER`: the state as round t left it, which a client restores from disk
+evaluate (``state-after-round``: the state as round t left it, which a client restores from disk
 when its context has none). The first phase of round t+1 takes it
 (:meth:`~pflower.strategies.federation.Federation.phase`), addresses each message to its client's
 node at that moment, and puts the replies and the clients that did not answer in it.
@@ -21,10 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-
-from pflower.single_message import STATE_AFTER
-
-__all__ = ["STATE_AFTER", "HeldEvaluation"]
 
 
 @dataclass

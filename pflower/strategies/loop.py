@@ -38,9 +38,10 @@ from pflower.checkpoint import Checkpoint, save_checkpoint
 from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import Recorder
+from pflower.single_message import STATE_AFTER
 from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
 from pflower.strategies.gate import ReplyGate
-from pflower.strategies.held import STATE_AFTER, HeldEvaluation
+from pflower.strategies.held import HeldEvaluation
 from pflower.strategies.validation import ArraySpec, Reply
 from pflower.tracking import open_trackers
 
