@@ -71,8 +71,7 @@ class Deployment:
         for i, folder in enumerate(node_data):
             self.extra_config[i] = f'{self.extra_config.get(i, "")} data-dir="{Path(folder).resolve()}"'.strip()
         self.hide = [Path(p).resolve() for p in hide]
-        tag, subnet = f"pf{secrets.token_hex(2)}", f"10.77.{secrets.randbelow(250)}"  # a fresh subnet: no stale neighbours
-        self.net = Network(tag, ["link", *(f"node{i}" for i in range(nodes))], subnet) if netns else None
+        self.net = Network(f"pf{secrets.token_hex(2)}", ["link", *(f"node{i}" for i in range(nodes))]) if netns else None
         self.flwr_home = self.dir / "flwr-home"
         self.procs: dict[str, subprocess.Popen] = {}
         self.node_ids: dict[int, str] = {}  # SuperNode i -> its registered node id (with authentication)

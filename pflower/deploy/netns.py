@@ -3,6 +3,7 @@ root namespace, so each process is a host of its own, as on separate machines (r
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -11,11 +12,16 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Network:
-    """Namespaces ``<tag>-<name>`` joined by veth pairs to one bridge in the root namespace."""
+    """Namespaces ``<tag>-<name>`` joined by veth pairs to one bridge in the root namespace.
+
+    :meth:`up` claims a /24 of 10.77.0.0/16 that no interface uses: its bridge is named for it
+    (``pf77-<k>``), and creating a link whose name exists fails, so two deployments started at
+    once never share a subnet (with one, a client would reach the other's SuperLink).
+    """
 
     tag: str
     names: list[str]
-    subnet: str = "10.77.0"
+    subnet: str = ""  # "10.77.<k>", set by up()
     created: list[str] = field(default_factory=list)
 
     def ns(self, name: str) -> str:
@@ -26,7 +32,7 @@ class Network:
 
     @property
     def bridge(self) -> str:
-        return f"{self.tag}br"
+        return f"pf77-{self.subnet.rsplit('.', 1)[-1]}"
 
     def _ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
@@ -37,10 +43,24 @@ class Network:
         if shutil.which("iptables") and subprocess.run(forward_rule(self.bridge, "-I"), capture_output=True, check=False).returncode == 0:
             self.created.append("forward")
 
+    def _claim_subnet(self) -> None:
+        """Create the bridge of a free subnet; SystemExit when all 250 are taken."""
+        used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+        for k in random.sample(range(250), 250):
+            self.subnet = f"10.77.{k}"
+            if f" {self.subnet}." in used:
+                continue
+            claim = subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], capture_output=True, text=True, check=False)
+            if claim.returncode == 0:
+                self.created.append("bridge")
+                return
+            if "exists" not in claim.stderr:
+                raise subprocess.CalledProcessError(claim.returncode, claim.args, claim.stdout, claim.stderr)
+        raise SystemExit("could not create network namespaces: every subnet 10.77.0-249.0/24 is in use")
+
     def up(self) -> None:
         try:
-            self._ip("link", "add", self.bridge, "type", "bridge")
-            self.created.append("bridge")
+            self._claim_subnet()
             self._ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
             self._ip("link", "set", self.bridge, "up")
             self.accept_forwarding()
