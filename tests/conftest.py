@@ -77,12 +77,30 @@ def representatives() -> dict[str, dict]:
     return chosen
 
 
+def over_the_wire(msg: Message) -> Message:
+    """``msg`` as the other side gets it: Flower's protobuf form, to bytes and back."""
+    from flwr.common.serde import message_from_proto, message_to_proto
+    from flwr.proto.message_pb2 import Message as ProtoMessage
+
+    return message_from_proto(ProtoMessage.FromString(message_to_proto(msg).SerializeToString()))
+
+
+def context_over_the_wire(context: Context) -> Context:
+    """``context`` as a SuperNode keeps it between messages: Flower's protobuf form and back."""
+    from flwr.common.serde import context_from_proto, context_to_proto
+    from flwr.proto.message_pb2 import Context as ProtoContext
+
+    return context_from_proto(ProtoContext.FromString(context_to_proto(context).SerializeToString()))
+
+
 class InProcessGrid(Grid):
     """A Grid that hands each message straight to a ClientApp in this process.
 
     Runs the real ServerApp-side strategy code and the real ClientApp handlers without Ray or a
-    SuperLink. ``tamper`` may rewrite any reply (to test validation); an exception in the
-    ClientApp becomes an error reply, as in Flower.
+    SuperLink. Every message, reply and node context goes through Flower's wire format
+    (:func:`over_the_wire`), so what a method sends is what a deployment carries. ``tamper`` may
+    rewrite any reply after that (to test validation); an exception in the ClientApp becomes an
+    error reply, as in Flower.
     """
 
     def __init__(self, client_app, cfg: dict, num_clients: int, tamper: Callable[[int, Message], Message] | None = None,
@@ -124,9 +142,10 @@ class InProcessGrid(Grid):
                 self.replies[msg.metadata.message_id] = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="offline"), reply_to=msg)
                 continue
             try:
-                reply = self.app(with_metadata(msg), self.contexts[node])  # its own copy, as a node's is: `sent` keeps what was sent
+                reply = over_the_wire(self.app(over_the_wire(msg), self.contexts[node]))  # its own copy, as a node's is: `sent` keeps what was sent
             except Exception as err:  # noqa: BLE001 - Flower turns ClientApp exceptions into error replies
                 reply = Message(Error(code=1, reason=str(err)), reply_to=msg)
+            self.contexts[node] = context_over_the_wire(self.contexts[node])
             if self.tamper is not None:
                 reply = self.tamper(self.contexts[node].node_config["partition-id"], reply)
             self.replies[msg.metadata.message_id] = reply
@@ -197,6 +216,13 @@ def load_app(directory: Path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.app
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """Finished runs draw no figures: a third of a short in-process run's time, and not what the
+    tests that use this check."""
+    monkeypatch.setattr("pflower.results.draw_run", lambda doc, directory: [])
 
 
 @pytest.fixture

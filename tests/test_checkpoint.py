@@ -13,8 +13,12 @@ from pflower.client_app.store import KEEP, StateStore
 from pflower.config import ConfigError, load_settings
 from pflower.records import from_record, to_record
 
+pytestmark = pytest.mark.usefixtures("no_figures")
+
 
 def _run(grid_factory, results, rounds, resume="", extra=None, **kw):
+    """A run of 3 clients of 60 samples in process (no figures drawn): its strategy and metrics.json."""
+    kw = {"samples_per_client": 60, **kw}
     cfg = {**run_config(num_server_rounds=rounds, local_epochs=1, results_dir=str(results), resume_from=resume, **kw), **(extra or {})}
     settings = load_settings(cfg)
     checkpoint = load_checkpoint(settings) if resume else None

@@ -19,9 +19,9 @@ from pflower.methods import declarations
 
 
 @pytest.mark.parametrize("method", sorted(declarations()))
-def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, client_module, method):
-    """The method's example run (2 rounds, 3 clients) on the CPU, then on the fake device."""
-    cfg = {**run_config(method=method, num_server_rounds=2, local_epochs=1), **declarations()[method].example}
+def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, client_module, no_figures, method):
+    """The method's example run (2 rounds, 3 clients of 60 samples) on the CPU, then on the fake device."""
+    cfg = {**run_config(method=method, num_server_rounds=2, local_epochs=1, samples_per_client=60), **declarations()[method].example}
     on_cpu = in_process_rounds(cfg, tmp_path / "cpu")
     client_module._shared.cache_clear()
     monkeypatch.setattr(client_module, "device", lambda: FAKE)

@@ -26,6 +26,7 @@ from pflower.strategies.federation import Federation
 
 #: The ClientApp's module (the package exports the ClientApp under the same name).
 client_app = importlib.import_module("pflower.client_app.app")
+pytestmark = pytest.mark.usefixtures("no_figures")
 CLIENTS = 3
 #: Samples per client: enough for every method's splits (held-out shares included), few enough
 #: that the sweep's ~300 rounds take a minute or two.
@@ -40,12 +41,6 @@ TIME = {"wall-seconds"}
 
 class Crash(Exception):
     """The ServerApp process died."""
-
-
-@pytest.fixture(autouse=True)
-def _no_figures(monkeypatch):
-    """The figures a finished run draws are not what these tests check (and a third of their time)."""
-    monkeypatch.setattr("pflower.results.draw_run", lambda doc, directory: [])
 
 
 _FULL: dict[tuple[str, str], dict] = {}
