@@ -72,3 +72,33 @@ def test_a_restarted_stateless_node_takes_its_old_client_id():
     strategy.federation.query_new_nodes(grid, 5)
     assert strategy.federation.node_of[1] == 900 and sorted(strategy.federation.node_of) == [0, 1, 2]
     strategy.configure_train(1, ArrayRecord(), ConfigRecord({"server-round": 1}), grid)
+
+
+@pytest.mark.parametrize("strategy", ["pfedla", "fedavg"])
+def test_the_readmes_serverapp_runs_both_its_strategies(tmp_path, monkeypatch, strategy):
+    """examples/quickstart/server_app.py's main with each of its strategies, in process (pFedLA's
+    runs on Flower in test_simulation.py): initial_arrays reach evaluate_fn before round 1 and
+    every client in round 1; pFedLA evaluates every 2nd round with half the clients and all in the
+    last, FedAvg every round, training 3 of the 4 clients."""
+    import json
+
+    from flwr.app import Context, RecordDict
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "quickstart"))
+    spec = importlib.util.spec_from_file_location("quickstart_server_app", ROOT / "examples" / "quickstart" / "server_app.py")
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+    cfg = {"strategy": strategy, "num-server-rounds": 3, "results-dir": str(tmp_path)}
+    server.app._main(InProcessGrid(client.app, {}, 4), Context(1, 0, {}, RecordDict(), cfg))
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    torch.manual_seed(42)
+    norm = float(torch.cat([p.detach().flatten() for p in client.Net().parameters()]).norm())
+    rounds = doc["rounds"]
+    assert doc["initial-server-evaluation"]["norm"] == pytest.approx(norm)
+    assert rounds[0]["train-metrics"]["received-norm"] == pytest.approx(norm, rel=1e-6)
+    assert all("norm" in r["server-evaluation"] for r in rounds) and doc["num-clients"] == 4
+    if strategy == "pfedla":
+        assert [r["evaluated"] for r in rounds] == [0, 2, 4] and rounds[0]["accuracy"] is None
+        assert len(rounds[-1]["alpha"]) == 4 and rounds[-1]["sampled"] == 4
+    else:
+        assert [r["evaluated"] for r in rounds] == [4, 4, 4] and all(r["sampled"] == 3 for r in rounds)
