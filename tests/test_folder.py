@@ -92,3 +92,33 @@ def test_a_federation_trains_on_an_image_folder(tree, grid_factory, tmp_path):
                      local_epochs=1, model="cnn", results_dir=str(tmp_path / "out"))  # fmt: skip
     result = build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
     assert sorted(result.evaluate_metrics_clientapp) == [1, 2]
+
+
+@pytest.mark.parametrize("kind", ["I;16 png", "I tiff", "F tiff"])
+def test_deep_grayscale_is_scaled_to_eight_bits_not_clipped(tmp_path, monkeypatch, kind):
+    """A 16-bit PNG (PIL mode I;16), a 32-bit integer TIFF (I) and a float TIFF (F) read as their
+    values over 65535 (integers) or 1 (floats) times 255, rounded; a value past that range is
+    refused naming the file. A cache decoded by an older decoder is not read again."""
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    mode, ext = kind.split()
+    top = 1.0 if mode == "F" else 65535
+    ramp = np.linspace(0, top, 64).reshape(8, 8)
+    a = ramp.astype(np.float32 if mode == "F" else np.uint16 if mode == "I;16" else np.int32)
+    root = tmp_path / "deep"
+    for c in ("0", "1"):
+        (root / "train" / c).mkdir(parents=True)
+        Image.fromarray(a).save(root / "train" / c / f"x.{ext}")
+    assert Image.open(root / "train" / "0" / f"x.{ext}").mode == mode
+    x, _, _ = F.load_folder(root)
+    assert np.array_equal(x[0, 0], np.rint(a.astype(np.float64) * 255 / top).astype(np.uint8))
+    assert len(np.unique(x[0])) > 50  # a ramp, not black and white
+    key = F.index_folder(root).key(0)
+    monkeypatch.setattr(F, "DECODER", F.DECODER - 1)
+    assert F.index_folder(root).key(0) != key
+    over = a.copy()
+    over[0, 0] = 1.5 if mode == "F" else -1 if mode == "I" else 0
+    if mode == "I;16":
+        return  # its type holds nothing outside 0-65535
+    Image.fromarray(over).save(root / "train" / "1" / f"x.{ext}")
+    with pytest.raises(F.FolderError, match=f"image .*1/x.{ext} \\(mode {mode}\\) holds values from .*; deep grayscale is read as 0-{top:g}"):
+        F.decode_folder(F.index_folder(root))

@@ -2,10 +2,11 @@
 ImageFolder layout, decoded once and cached.
 
 Classes are the sorted folder names (of both splits); images are decoded with PIL (any format
-it reads), their channels and size taken from the files: one channel count and one size per
-data set, or ``image_size`` > 0 to resize every image to that square. A file that cannot be
-decoded, a size that differs without ``image_size``, or mixed channels stop with an error
-naming the file.
+it reads) to 8 bits a channel, their channels and size taken from the files: one channel count
+and one size per data set, or ``image_size`` > 0 to resize every image to that square. 16-bit
+and 32-bit integer grayscale (PIL modes ``I;16``, ``I``) is scaled from 0-65535, float
+grayscale (``F``) from [0, 1]; a value outside that range, a file that cannot be decoded, a
+size that differs without ``image_size``, or mixed channels stop with an error naming the file.
 
 The decoded pool (uint8) is kept in a cache file outside the data folder, which may be
 read-only: ``$PFLOWER_CACHE`` or ``~/.cache/pflower``, one file per folder and image size. Its
@@ -23,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 SPLITS = ("train", "test")
+#: Bumped when decoding changes, so a cache decoded the old way is not read again.
+DECODER = 2
 #: File names that are not images (a folder's own metadata).
 SKIP = (".DS_Store", "README", "README.md", "LICENSE")
 
@@ -41,7 +44,7 @@ class FolderIndex:
 
     def key(self, image_size: int) -> str:
         """A digest of every file's relative path, size and modification time, and the image size."""
-        h = hashlib.sha256(f"{image_size}\n".encode())
+        h = hashlib.sha256(f"{image_size}\n{DECODER}\n".encode())
         for _split, label, path in self.files:
             st = path.stat()
             h.update(f"{path.relative_to(self.root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
@@ -70,6 +73,23 @@ def index_folder(root: Path) -> FolderIndex:
     return FolderIndex(root, tuple(classes), tuple(files))
 
 
+def _eight_bits(im, path: Path):
+    """``im`` as an 8-bit image of mode L or RGB; deep grayscale scaled, not clipped."""
+    from PIL import Image
+
+    if im.mode in ("L", "RGB"):
+        return im
+    if im.mode in ("1", "LA"):
+        return im.convert("L")
+    if im.mode.startswith("I") or im.mode == "F":
+        a = np.asarray(im, dtype=np.float64)
+        top = 1.0 if im.mode == "F" else 65535.0
+        if not np.isfinite(a).all() or a.min(initial=0) < 0 or a.max(initial=0) > top:
+            raise FolderError(f"image {path} (mode {im.mode}) holds values from {a.min()} to {a.max()}; deep grayscale is read as 0-{top:g}")
+        return Image.fromarray(np.rint(a * (255.0 / top)).astype(np.uint8))
+    return im.convert("RGB")
+
+
 def _decode(path: Path, image_size: int) -> np.ndarray:
     """One image as uint8 [C, H, W] (C 1 or 3), resized to image_size if > 0."""
     from PIL import Image, UnidentifiedImageError
@@ -77,11 +97,13 @@ def _decode(path: Path, image_size: int) -> np.ndarray:
     try:
         with Image.open(path) as im:
             im.load()
-            im = im.convert("L") if im.mode in ("L", "1", "I;16", "I", "F") else im.convert("RGB")
+            im = _eight_bits(im, path)
             if image_size:
                 im = im.resize((image_size, image_size), Image.BILINEAR)
             a = np.asarray(im, dtype=np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError) as err:
+    except FolderError:
+        raise
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as err:
         raise FolderError(f"cannot decode image {path}: {err}") from None
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
