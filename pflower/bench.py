@@ -33,6 +33,7 @@ from pflower.launcher import simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
+from pflower.run_folder import clear_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records"
@@ -181,6 +182,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
         for k, run in enumerate(todo, 1):
             d = run.directory(results, suite)
             d.mkdir(parents=True, exist_ok=True)
+            clear_run(d)  # the bench's own folder of this run, cut short before: it starts again
             config = run_config_string({**run.config, "results-dir": str(d)})
             print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}", flush=True)
             t0 = time.perf_counter()

@@ -17,12 +17,11 @@ from typing import Any
 import torch
 
 from pflower.config import ConfigError, Settings
-
-CHECKPOINT = "checkpoint.pt"
+from pflower.run_folder import CHECKPOINT
 
 #: Keys a resumed run may change; every other key must equal the checkpoint's.
 #: ``state-dir`` is not among them: the clients find their saved states where the run saved them.
-RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "round-timeout", "data-dir", "single-message",
+RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "overwrite", "round-timeout", "data-dir", "single-message",
                                "tensorboard", "mlflow", "mlflow-tracking-uri", "mlflow-experiment"})  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from pflower.methods import MethodParams, declarations
+from pflower.run_folder import held_run
 
 if TYPE_CHECKING:  # the data modules import torch, which the configuration does not need
     from pflower.datasets.sources import Source
@@ -159,6 +160,10 @@ class Settings(BaseModel):
         "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
     )
     resume_from: str = Field("", description="a results-dir to continue: its `checkpoint.pt` is loaded and the run goes on after its last round")
+    overwrite: bool = Field(
+        False,
+        description="start in a results-dir that holds another run (its `metrics.json` or `checkpoint.pt`), removing that run's files; false: such a run is refused before it starts",
+    )
     state_dir: str = Field(
         "", description="where clients save their personal state; empty: `<results-dir>/client-state`. A SuperNode's node config `state-dir` overrides it"
     )
@@ -276,6 +281,11 @@ class Settings(BaseModel):
     @property
     def results_path(self) -> Path:
         return Path(self.results_dir).expanduser().resolve()
+
+    @property
+    def continues_in_place(self) -> bool:
+        """The run resumes the run in its own results-dir (and writes on in that folder)."""
+        return bool(self.resume_from) and Path(self.resume_from).expanduser().resolve() == self.results_path
 
     @property
     def state_paths(self) -> list[Path]:
@@ -455,6 +465,9 @@ def check_server(s: Settings) -> None:
         probe.unlink()
     except OSError as err:
         raise ConfigError([("results-dir", s.results_dir, f"must be a directory the server can write ({err.strerror or err})")]) from None
+    if (held := held_run(path)) and not s.overwrite and not s.continues_in_place:
+        raise ConfigError([("results-dir", s.results_dir, f"{path} holds another run ({', '.join(held)}): choose another results-dir, "
+                            f"continue that run with resume-from='{s.results_dir}', or replace it with overwrite=true")])  # fmt: skip
 
 
 def known_keys() -> list[str]:

@@ -1,6 +1,8 @@
 """Errors before anything starts: pflower-check and pflower-sim validate the run config (and the
 results-dir) without starting a SuperLink, Ray or a ServerApp."""
 
+import json
+
 import pytest
 from conftest import ROOT
 
@@ -40,3 +42,83 @@ def test_the_serverapp_refuses_an_unwritable_results_dir_before_any_message(grid
     with pytest.raises(ConfigError, match="'results-dir' = '/proc/pflower-results' is not allowed: must be a directory the server can write"):
         app._main(grid, Context(1, 0, {}, RecordDict(), cfg))
     assert grid.sent == []
+
+
+# ------------------------------------------------------------------ one run per results-dir
+def _serve(cfg: dict) -> None:
+    """The ServerApp's main with 3 in-process clients."""
+    from conftest import InProcessGrid
+    from flwr.app import Context, RecordDict
+
+    from pflower.client_app import app as client_app
+    from pflower.server_app import app as server_app
+
+    server_app._main(InProcessGrid(client_app, cfg, 3), Context(1, 0, {}, RecordDict(), cfg))
+
+
+def _small(results, **kw) -> dict:
+    from conftest import run_config
+
+    return run_config(**{"num_server_rounds": 2, "local_epochs": 1, "samples_per_client": 60, "results_dir": str(results), **kw})
+
+
+@pytest.mark.parametrize("held", [("metrics.json",), ("checkpoint.pt",), ("metrics.json", "checkpoint.pt")])
+def test_a_run_into_a_folder_holding_another_run_is_refused_and_changes_nothing(tmp_path, monkeypatch, capsys, grid_factory, held):
+    """pflower-check, pflower-sim and the ServerApp refuse it naming the folder and the three ways
+    on; not a byte of the old run changes, and no message is sent."""
+    from flwr.app import Context, RecordDict
+
+    from pflower.config import ConfigError
+    from pflower.server_app import app
+
+    old = {name: f"old {name}".encode() for name in held}
+    for name, data in old.items():
+        (tmp_path / name).write_bytes(data)
+    why = f"{tmp_path} holds another run ({', '.join(held)}): choose another results-dir, continue that run with resume-from='{tmp_path}', or replace it with overwrite=true"
+    assert f"'results-dir' = '{tmp_path}' is not allowed: {why}" in check(ROOT, f"results-dir='{tmp_path}'")
+    monkeypatch.setattr(launcher, "simulate", lambda *a, **k: pytest.fail("pflower-sim started a simulation"))
+    assert launcher.main(["-c", f"results-dir='{tmp_path}'"]) == 2 and why in capsys.readouterr().err
+    cfg = _small(tmp_path)
+    grid = grid_factory(cfg, 3)
+    with pytest.raises(ConfigError, match="holds another run"):
+        app._main(grid, Context(1, 0, {}, RecordDict(), cfg))
+    assert grid.sent == []
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old
+
+
+@pytest.mark.parametrize("method", ["superfed", "federico", "pfedla"])
+def test_overwrite_replaces_the_old_runs_files_and_only_those(tmp_path, method):
+    """A run of ``method`` (its figures, checkpoint, client states, TensorBoard events), then a
+    FedAvg run with overwrite=true: the folder holds the new run's files alone, a file of the
+    user's stays; every figure a run draws is among those overwrite removes."""
+    from conftest import run_config
+
+    from pflower.config import ConfigError
+    from pflower.methods import declarations
+    from pflower.run_folder import FIGURES
+
+    _serve({**_small(tmp_path, method=method), **declarations()[method].example})
+    old_figures = {p.name for p in tmp_path.glob("*.png")}
+    assert old_figures and old_figures <= set(FIGURES)
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "events.out").write_text("old events")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert (tmp_path / "client-state").is_dir()
+    with pytest.raises(ConfigError, match="holds another run"):
+        _serve(_small(tmp_path, method="fedavg"))
+    _serve(_small(tmp_path, method="fedavg", overwrite=True))
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert doc["config"]["method"] == "fedavg" and doc["config"]["overwrite"] is True and len(doc["rounds"]) == 2
+    assert {p.name for p in tmp_path.glob("*.png")} == {"accuracy.png", "partition.png"}
+    assert not (tmp_path / "tensorboard").exists() and (tmp_path / "notes.txt").read_text() == "mine"
+    assert run_config()["overwrite"] is False
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_run_resumed_in_its_own_folder_goes_on_there(tmp_path, overwrite):
+    """resume-from naming the results-dir itself continues that run in place (with overwrite=true
+    too: the checkpoint it resumes from is not removed)."""
+    _serve(_small(tmp_path, method="fedavg"))
+    _serve(_small(tmp_path, method="fedavg", num_server_rounds=3, resume_from=str(tmp_path), overwrite=overwrite))
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["round"] for r in doc["rounds"]] == [1, 2, 3]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 
 from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
@@ -14,6 +14,7 @@ from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
+from pflower.run_folder import clear_run
 from pflower.strategies.federation import Federation, NoClientsError
 from pflower.strategies.loop import RoundFailedError
 
@@ -43,6 +44,8 @@ def main(grid: Grid, context: Context) -> None:
         settings = load_settings(context.run_config)
         check_server(settings)
         checkpoint = load_checkpoint(settings) if settings.resume_from else None
+        if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
+            log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
         if settings.node_data:  # the nodes say what their data is; the server opens no data file
             federation = Federation(settings.seed)
             federation.discover(grid, settings.round_timeout)

@@ -1,0 +1,40 @@
+"""A results-dir as one run's folder: what a run writes there, whether a folder already holds
+a run, and clearing one on purpose (``overwrite=true``).
+
+A new run never writes over another run's metrics.json or checkpoint by accident: the old run
+could no longer be read or resumed. This module imports neither torch nor matplotlib, so
+``pflower-check`` answers as fast as before.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+METRICS = "metrics.json"
+CHECKPOINT = "checkpoint.pt"
+#: Every figure :func:`pflower.plots.draw_run` may draw.
+FIGURES = ("accuracy.png", "partition.png", "alpha-heatmap.png", "alpha-evolution.png", "lambda.png", "collaboration-weights.png")
+#: What a run writes into its results-dir: the files above, its TensorBoard events and, by
+#: default, its clients' saved states. (An MLflow store there keeps every run; it is left alone.)
+OUTPUTS = (METRICS, CHECKPOINT, f"{CHECKPOINT}.tmp", f"{METRICS}.tmp", *FIGURES, "tensorboard", "client-state")
+
+
+def held_run(folder: Path) -> list[str]:
+    """The files that make ``folder`` hold a run (its metrics.json, its checkpoint); empty if none."""
+    return [name for name in (METRICS, CHECKPOINT) if (folder / name).exists()]
+
+
+def clear_run(folder: Path) -> list[str]:
+    """Remove what a run wrote into ``folder`` (:data:`OUTPUTS`); the names removed."""
+    removed = []
+    for name in OUTPUTS:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
