@@ -395,19 +395,28 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
 
 def _huggingface_problems(s: Settings) -> list[tuple[str, Any, str]]:
     """A Hugging Face data set that is not there, or lacks a column the keys name."""
-    from pflower.datasets.huggingface import layout_problem, open_dataset
+    from pflower.datasets.huggingface import check_id_column, hf_info, layout_problem, open_dataset
     from pflower.datasets.sources import DataError
 
     if problem := layout_problem(s.data_path):
         return [("data-dir", s.data_dir, problem)]
     try:
-        columns = open_dataset(str(s.data_path)).column_names
+        ds = open_dataset(str(s.data_path))
     except DataError as err:
         return [("data-dir", s.data_dir, str(err))]
     keys = {"hf-image-column": s.hf_image_column, "hf-label-column": s.hf_label_column}
     if s.partition == "natural-id" and s.natural_id_column:
         keys["natural-id-column"] = s.natural_id_column
-    return [(k, v, f"the data set has no column {v!r}; its columns: {', '.join(columns)}") for k, v in keys.items() if v not in columns]
+    if missing := [(k, v, f"the data set has no column {v!r}; its columns: {', '.join(ds.column_names)}") for k, v in keys.items() if v not in ds.column_names]:
+        return missing
+    try:
+        if "natural-id-column" in keys:
+            check_id_column(ds, s.natural_id_column, s.hf_image_column, s.hf_label_column)
+        hf_info(str(s.data_path), s.hf_image_column, s.hf_label_column)
+    except DataError as err:  # named for the column it is about
+        key = next((k for k, v in keys.items() if str(err).startswith((f"column {v!r}", f"{k}="))), "data-dir")
+        return [(key, keys.get(key, s.data_dir), str(err))]
+    return []
 
 
 #: Keys that mean something only with a dataset or partition: (key, field, when, what it needs).

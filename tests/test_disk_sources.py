@@ -263,3 +263,96 @@ def test_svhn_labels_shorter_than_its_images_are_refused(tmp_path):
     savemat(str(tmp_path / "test_32x32.mat"), {"X": mat["X"], "y": mat["y"][:-1]})
     with pytest.raises(DataError, match=r"test_32x32.mat: 'X' is \[32, 32, 3, 12\] and 'y' has 11 labels"):
         load(tmp_path, "SVHN")
+
+
+def _hf_arrays(tmp_path, images, labels, dtype=None):
+    """A save_to_disk set of ``images`` (stored as Array2D of ``dtype`` if given) and labels."""
+    import datasets
+
+    features = None
+    if dtype is not None:
+        features = datasets.Features({"pixels": datasets.Array2D(np.shape(images[0]), dtype), "animal": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict({"pixels": images, "animal": labels}, features=features)
+    ds.save_to_disk(str(tmp_path / "d"))
+    return Source("huggingface", str(tmp_path / "d"), image_column="pixels", label_column="animal")
+
+
+@pytest.mark.parametrize("dtype,top", [("uint8", 255), ("int64", 255), ("uint16", 65535), ("float32", 1.0), ("float64", 1.0)])
+def test_huggingface_image_scale_follows_the_column_type_not_its_values(tmp_path, dtype, top):
+    """Over 2,048 rows (two batches): each image is its values over its type's top, whatever the
+    other rows hold; one value over the top is refused naming its row."""
+    from pflower.datasets import huggingface
+
+    rng = np.random.default_rng(0)
+    n = 2100
+    images = (rng.random((n, 4, 4)) * top).astype(dtype)
+    images[5] = 0  # a dark image in batch one, a bright one in batch two
+    images[2050] = np.asarray(top, dtype=dtype)
+    x, y, classes, _ = huggingface.load_hf(str(_hf_arrays(tmp_path, list(images), [i % 2 for i in range(n)], dtype).data_dir), "pixels", "animal")
+    assert np.array_equal(x, (images.astype(np.float32) / np.float32(top))[:, None])
+    assert classes == 2 and y.tolist() == [i % 2 for i in range(n)]
+    if dtype in ("uint8", "uint16"):
+        return  # their type holds no value over the top
+    over = images.copy()
+    over[2070, 1, 1] = 1.02 if top == 1.0 else 256
+    huggingface.open_dataset.cache_clear()
+    what = "float images are \\[0, 1\\]" if top == 1.0 else "integer images are 0-255"
+    with pytest.raises(DataError, match=f"column 'pixels': row 2070 holds values from .* to .*; {what}"):
+        huggingface.load_hf(str(_hf_arrays(tmp_path / "over", list(over), [i % 2 for i in range(n)], dtype).data_dir), "pixels", "animal")
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("nan", "row 3 holds values from nan to nan; float images are"),
+    ("negative", "row 3 holds values from -0.5 to .*; float images are"),
+    ("strings", "holds <U|not arrays|not image pixels"),
+])  # fmt: skip
+def test_huggingface_images_that_are_not_pixels_are_refused_naming_the_row(tmp_path, bad, message):
+    from pflower.datasets import huggingface
+
+    images = np.full((6, 4, 4), 0.5, dtype=np.float32)
+    rows = list(images)
+    if bad == "nan":
+        rows[3] = np.full((4, 4), np.nan, dtype=np.float32)
+    elif bad == "negative":
+        rows[3] = np.full((4, 4), -0.5, dtype=np.float32)
+    else:
+        rows = [[["x"] * 4] * 4] * 6
+    with pytest.raises(DataError, match=message):
+        huggingface.load_hf(str(_hf_arrays(tmp_path, rows, [0, 1] * 3).data_dir), "pixels", "animal")
+
+
+def test_huggingface_labels_and_ids_that_are_not_one_per_row_are_refused(tmp_path):
+    """A null label, a ClassLabel of -1 (no label) or past its classes, an id column that is the
+    image column, holds arrays, or has nulls: each refused naming the column and the row, by
+    load_settings (what pflower-check and the ServerApp run) where it sees them, else by the loader."""
+    import datasets
+
+    from pflower.datasets import huggingface
+
+    images = [np.full((4, 4), 0.5, dtype=np.float32)] * 6
+    cfg = run_config(dataset="huggingface", hf_image_column="pixels", hf_label_column="animal", partition="iid")
+
+    def write(name, features=None, **columns):
+        rows = {"pixels": images, **columns}
+        datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / name))
+        huggingface.open_dataset.cache_clear()
+        huggingface.hf_info.cache_clear()
+        return str(tmp_path / name)
+
+    null = write("null", animal=["a", None, "b", "a", "b", "a"])
+    with pytest.raises(ConfigError, match="column 'animal': row 1 has no label \\(null\\)"):
+        load_settings({**cfg, "data-dir": null})
+    label = datasets.ClassLabel(names=["a", "b"])
+    feats = datasets.Features({"pixels": datasets.Array2D((4, 4), "float32"), "animal": label})
+    minus = write("minus", feats, animal=[0, 1, -1, 0, 1, 0])
+    with pytest.raises(DataError, match="column 'animal': row 2 has label -1, outside its ClassLabel's 2 classes \\(0-1; -1 means no label\\)"):
+        huggingface.load_hf(minus, "pixels", "animal")
+    ids = write("ids", animal=["a", "b"] * 3, user=["u1", None, "u2", "u1", "u2", "u1"], vec=[[1, 2]] * 6)
+    nat = {**cfg, "data-dir": ids, "partition": "natural-id"}
+    for column, message in [("pixels", "natural-id-column='pixels': is the image column"),
+                            ("vec", "natural-id-column='vec': holds (Sequence|List) values"),
+                            ("user", "natural-id-column='user': some rows have no id \\(null\\)")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=f"'natural-id-column' = '{column}' is not allowed: {message}"):
+            load_settings({**nat, "natural-id-column": column})
+        with pytest.raises(DataError, match=message):
+            huggingface.load_hf(ids, "pixels", "animal", column)

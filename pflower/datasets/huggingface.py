@@ -3,7 +3,8 @@
 ``data-dir`` is a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
 (every split pooled), a ``.parquet`` file, or a folder of them (as on the Hub: every
 ``*.parquet`` below it, pooled). The image column holds images (``datasets.Image``, decoded
-with PIL) or arrays ([H, W] or [H, W, C], uint8 or floats in [0, 1]); the label column a
+with PIL) or arrays ([H, W] or [H, W, C]; uint8 and integers 0-255, uint16 0-65535, floats in
+[0, 1]: the type sets the scale, a value outside it is an error naming its row); the label column a
 ``ClassLabel`` (its classes, in its order) or plain values (their sorted distinct values are the
 classes). One image size and channel count per data set.
 
@@ -87,19 +88,53 @@ def check_columns(ds, columns: dict[str, str]) -> None:
             raise DataError(f"{key}={column!r}: the data set has no column {column!r}; its columns: {', '.join(ds.column_names)}")
 
 
-def _images(batch: Any, column: str, first: int) -> np.ndarray:
-    """A batch of the image column as float32 [n, C, H, W] in [0, 1]."""
+def pixel_dtype(feature: Any) -> np.dtype | None:
+    """The pixel type an image column declares (an array's or a list's values), or None for
+    decoded images (``datasets.Image``: the decoded arrays' own type). Hugging Face's numpy
+    format widens every integer to int64, so the declaration is the only place uint16 shows."""
+    while hasattr(feature, "feature"):
+        feature = feature.feature
+    dtype = getattr(feature, "dtype", None)
+    try:
+        return np.dtype(dtype) if isinstance(dtype, str) else None
+    except TypeError:
+        return None
+
+
+def _images(batch: Any, column: str, first: int, declared: np.dtype | None = None) -> np.ndarray:
+    """A batch of the image column as float32 [n, C, H, W] in [0, 1].
+
+    The scale follows the column's type (``declared``, else the batch's), never its values:
+    uint8 and other integers are 0-255, uint16 is 0-65535, floats are [0, 1]. A value outside
+    its type's range (or not finite) is an error naming its row: one odd pixel never rescales
+    a whole batch.
+    """
     try:
         a = np.asarray(batch) if not isinstance(batch, np.ndarray) or batch.dtype != object else np.stack(list(batch))
-    except ValueError:
-        raise DataError(f"column {column!r}: the images from row {first} on differ in size or channels; one per data set") from None
+    except (ValueError, TypeError):
+        raise DataError(f"column {column!r}: the images from row {first} on differ in size or channels, or are not arrays; one size per data set") from None
     if a.ndim == 3:
         a = a[:, :, :, None]
     if a.ndim != 4 or a.shape[-1] not in (1, 3, 4):
         raise DataError(f"column {column!r}: rows from {first} on are {a.shape[1:]}, not images [H, W] or [H, W, channels]")
     a = a[..., :3] if a.shape[-1] == 4 else a  # RGBA: the alpha channel is dropped
-    scale = 255.0 if a.dtype == np.uint8 or a.max(initial=0) > 1 else 1.0
-    return np.ascontiguousarray(a.transpose(0, 3, 1, 2), dtype=np.float32) / scale
+    kind = declared if declared is not None else a.dtype
+    if kind == np.bool_:
+        top, what = 1.0, "boolean images are 0 and 1"
+    elif kind == np.uint16:
+        top, what = 65535.0, "uint16 images are 0-65535"
+    elif np.issubdtype(kind, np.integer):
+        top, what = 255.0, "integer images are 0-255 (uint8)"
+    elif np.issubdtype(kind, np.floating):
+        top, what = 1.0, "float images are [0, 1]"
+    else:
+        raise DataError(f"column {column!r}: rows from {first} on hold {kind} values, not image pixels (integers or floats)")
+    flat = a.reshape(len(a), -1)
+    bad = ~np.isfinite(flat).all(axis=1) | (flat.min(axis=1, initial=0) < 0) | (flat.max(axis=1, initial=0) > top) if len(a) else np.zeros(0, bool)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DataError(f"column {column!r}: row {first + row} holds values from {flat[row].min()} to {flat[row].max()}; {what}")
+    return np.ascontiguousarray(a.transpose(0, 3, 1, 2), dtype=np.float32) / np.float32(top)
 
 
 @dataclass(frozen=True)
@@ -113,8 +148,14 @@ class HFInfo:
 def _classes(ds, label: str) -> tuple[tuple[str, ...], np.ndarray | None]:
     """The class names, and for plain values the sorted distinct values they number (None for a ClassLabel)."""
     feature = ds.features[label]
+    if None in ds.unique(label):
+        row = ds.with_format(None)[label].index(None)
+        raise DataError(f"column {label!r}: row {row} has no label (null); every row needs one")
     if hasattr(feature, "names") and hasattr(feature, "num_classes"):  # a ClassLabel
         return tuple(feature.names), None
+    dtype = str(getattr(feature, "dtype", ""))
+    if type(feature).__name__ != "Value" or dtype in ("binary", "large_binary", "null"):
+        raise DataError(f"column {label!r}: holds {type(feature).__name__} values ({dtype or 'not scalars'}); labels are a ClassLabel, integers or strings")
     values = np.unique(np.asarray(ds.unique(label)))
     return tuple(str(v) for v in values), values
 
@@ -126,8 +167,37 @@ def hf_info(path: str, image: str, label: str) -> HFInfo:
     check_columns(ds, {"hf-image-column": image, "hf-label-column": label})
     if len(ds) == 0:
         raise DataError(f"the data set {path} has no rows")
-    first = _images(ds.with_format("numpy").select([0])[image], image, 0)
+    first = _images(ds.with_format("numpy").select([0])[image], image, 0, pixel_dtype(ds.features[image]))
     return HFInfo(tuple(first.shape[1:]), _classes(ds, label)[0])  # type: ignore[arg-type]
+
+
+def check_id_column(ds, column: str, image: str, label: str) -> None:
+    """DataError unless ``column`` holds one client id per row: strings or integers, no nulls,
+    neither the image nor the label column (an id must be the same in every process)."""
+    if column in (image, label):
+        raise DataError(
+            f"natural-id-column={column!r}: is the {'image' if column == image else 'label'} column; name a column of client ids (strings or integers)"
+        )
+    feature = ds.features[column]
+    dtype = getattr(feature, "dtype", "")
+    if not (hasattr(feature, "names") or dtype in ("string", "large_string") or dtype.startswith(("int", "uint"))):
+        raise DataError(f"natural-id-column={column!r}: holds {type(feature).__name__} values ({dtype or 'not scalars'}); client ids are strings or integers")
+    if None in ds.unique(column):
+        raise DataError(f"natural-id-column={column!r}: some rows have no id (null); give every row its client's id")
+
+
+def _labels(ds, label: str, names: tuple[str, ...], values: np.ndarray | None) -> np.ndarray:
+    """The label column as class indices 0..len(names)-1 (:func:`_classes` refused nulls);
+    DataError naming the first row of a ClassLabel outside its classes."""
+    y = np.asarray(ds.with_format(None)[label])
+    if values is not None:
+        return np.searchsorted(values, y).astype(np.int64)
+    y = y.astype(np.int64)
+    if len(y) and (bad := np.flatnonzero((y < 0) | (y >= len(names)))).size:
+        raise DataError(
+            f"column {label!r}: row {int(bad[0])} has label {int(y[bad[0]])}, outside its ClassLabel's {len(names)} classes (0-{len(names) - 1}; -1 means no label)"
+        )
+    return y
 
 
 def load_hf(path: str, image: str, label: str, id_column: str = "") -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
@@ -135,18 +205,19 @@ def load_hf(path: str, image: str, label: str, id_column: str = "") -> tuple[np.
     ds = open_dataset(path)
     columns = {"hf-image-column": image, "hf-label-column": label} | ({"natural-id-column": id_column} if id_column else {})
     check_columns(ds, columns)
+    if len(ds) == 0:
+        raise DataError(f"the data set {path} has no rows")
+    if id_column:
+        check_id_column(ds, id_column, image, label)
     names, values = _classes(ds, label)
-    xs, ys = [], []
-    for start, batch in enumerate(ds.select_columns([image, label]).with_format("numpy").iter(batch_size=2048)):
-        xs.append(_images(batch[image], image, start * 2048))
-        ys.append(np.asarray(batch[label]))
+    y = _labels(ds, label, names, values)
+    xs, declared = [], pixel_dtype(ds.features[image])
+    for start, batch in enumerate(ds.select_columns([image]).with_format("numpy").iter(batch_size=2048)):
+        xs.append(_images(batch[image], image, start * 2048, declared))
     if len({a.shape[1:] for a in xs}) > 1:
         raise DataError(f"column {image!r}: the images differ in size or channels ({sorted({a.shape[1:] for a in xs})}); one per data set")
-    x = np.concatenate(xs)
-    y = np.concatenate(ys)
-    y = np.searchsorted(values, y) if values is not None else y.astype(np.int64)
     ids = np.asarray([str(v) for v in ds[id_column]]) if id_column else None
-    return x, y.astype(np.int64), len(names), ids
+    return np.concatenate(xs), y, len(names), ids
 
 
 def load_huggingface(source: Source) -> Pool:
