@@ -63,7 +63,7 @@ def _kebab(name: str) -> str:
 class Settings(BaseModel):
     """Every run-config key, typed and range-checked."""
 
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     method: str = Field("pfedla", description="the method to run, one of the declared methods; its own keys are `<method>.<key>`")
     dataset: Dataset = Field(
@@ -81,7 +81,9 @@ class Settings(BaseModel):
     hf_image_column: str = Field("image", description="`huggingface`: the column holding the images (`datasets.Image` or arrays)")
     hf_label_column: str = Field("label", description="`huggingface`: the column holding the labels (a `ClassLabel` or plain values)")
     download: bool = Field(False, description="let torchvision download CIFAR into `data-dir`")
-    image_size: int = Field(0, ge=0, description="image folders only: resize every image to this square (0: the files' own size, which must then be one size)")
+    image_size: int = Field(
+        0, ge=0, le=1024, description="image folders only: resize every image to this square (0: the files' own size, which must then be one size)"
+    )
     model: ModelName = Field(
         "auto",
         description="`cnn`, `cnn-bn` (CNN with BatchNorm), `mlp` (the FedAvg paper's 2NN, SuPerFed's MNIST model); the papers' CNNs: `lenet`, `lenet-bn` (pFedHN's, which pFedLA uses, with BatchNorm on CIFAR), `twocnn` (the FedAvg paper's, SuPerFed's CIFAR-10 model), `cnn2` (Shen et al.'s, FedeRiCo's); `auto` = `cnn` for 1-channel, `cnn-bn` for colour images",
@@ -90,16 +92,16 @@ class Settings(BaseModel):
         "pathological",
         description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one); flwr-datasets' `shards` (the FedAvg paper's: label-sorted shards, `shards-per-client` each), `linear` and `exponential` (quantity skew: client i gets a share ∝ i + 1 or e^(i + 1)), `sizes` (`client-sizes` samples each), `natural-id` (one value of `natural-id-column` per client, or several)",
     )
-    classes_per_client: int = Field(4, ge=1, description="`pathological`: classes per client")
+    classes_per_client: int = Field(4, ge=1, le=10000, description="`pathological`: classes per client")
     dirichlet_alpha: float = Field(0.5, gt=0, description="`dirichlet`: concentration (smaller: more skewed)")
-    dominant_classes: int = Field(2, ge=1, description="`dominant`: dominant classes per client")
+    dominant_classes: int = Field(2, ge=1, le=10000, description="`dominant`: dominant classes per client")
     dominant_fraction: float = Field(0.8, gt=0, lt=1, description="`dominant`: share of a client's samples in its dominant classes")
-    label_groups: int = Field(2, ge=1, description="`label-groups`: number of disjoint label groups")
+    label_groups: int = Field(2, ge=1, le=10000, description="`label-groups`: number of disjoint label groups")
     group_assignment: Literal["balanced", "random"] = Field(
         "balanced",
         description="`label-groups`: `balanced` puts clients in the groups round-robin over a random order; `random` draws each client's group uniformly (FedeRiCo's protocol: a group may get one client or none, and an empty group's classes are unused)",
     )
-    shards_per_client: int = Field(2, ge=1, description="`shards`: shards per client (the FedAvg paper: 2 of 300 images)")
+    shards_per_client: int = Field(2, ge=1, le=10000, description="`shards`: shards per client (the FedAvg paper: 2 of 300 images)")
     client_sizes: str = Field("", description="`sizes`: each client's number of samples, comma-separated, one per client (e.g. `'100,200,700'`)")
     natural_id_column: str = Field("", description="`natural-id` (`huggingface` only): the column whose values (writer, user, domain) define the clients")
     feature_shift: FeatureShift = Field(
@@ -109,6 +111,7 @@ class Settings(BaseModel):
     samples_per_client: int = Field(
         0,
         ge=0,
+        le=10_000_000,
         description="`pathological`, `dominant`, `label-groups`: every client's number of samples (before its train/test split), equal per class, the same for any number of clients (the pFedLA paper's protocol); refused with the most the pool can give when it is too large. 0: the whole pool (or the label group's share) is shared out, so clients shrink as N grows",
     )
     test_fraction: float = Field(0.3, gt=0, lt=1, description="share of each client's data held out as its test split")
@@ -124,9 +127,10 @@ class Settings(BaseModel):
     finetune_epochs: int = Field(
         0,
         ge=0,
+        le=1000,
         description="local epochs each client trains the model it is about to evaluate on its training split (never kept); 0 evaluates it as received. For the methods whose prediction is one network; `fedavg-ft` always fine-tunes 1 epoch",
     )
-    num_server_rounds: int = Field(20, ge=1, description="rounds")
+    num_server_rounds: int = Field(20, ge=1, le=100_000, description="rounds")
     fraction_train: float = Field(1.0, gt=0, le=1, description="share of clients sampled for training each round")
     fraction_evaluate: float = Field(
         1.0,
@@ -135,14 +139,14 @@ class Settings(BaseModel):
         description="share of clients sampled for evaluation in a round that evaluates (by seed and round, apart from training's sample); every client evaluates in the last round",
     )
     evaluate_every: int = Field(
-        1, ge=1, description="evaluate every this many rounds (and always the last); metrics.json's other rows have `evaluated: 0` and no accuracy"
+        1, ge=1, le=100_000, description="evaluate every this many rounds (and always the last); metrics.json's other rows have `evaluated: 0` and no accuracy"
     )
     single_message: bool = Field(
         True,
         description="one message per client per round: a round's evaluation rides on the next round's training message (the client evaluates first), the last round's goes alone; the same metrics as `false`, which sends every evaluation as a phase of its own",
     )
-    local_epochs: int = Field(5, ge=1, description="local epochs per round")
-    batch_size: int = Field(32, ge=1, description="minibatch size")
+    local_epochs: int = Field(5, ge=1, le=1000, description="local epochs per round")
+    batch_size: int = Field(32, ge=1, le=65536, description="minibatch size")
     lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")
     optimizer: Literal["sgd", "adam"] = Field(
         "sgd", description="clients' local optimizer (a fresh one per local training, so no optimizer state is kept between rounds)"
@@ -155,7 +159,7 @@ class Settings(BaseModel):
         lt=1,
         description="the step size of round r is `lr` × (1 − `lr-decay`)^(r − 1), for every method's local training, fine-tuning included (not Per-FedAvg's one-step adaptation before evaluation); SuPerFed's protocol uses 0.01",
     )
-    seed: int = Field(0, ge=0, description="seeds the partition, the initial model, client sampling and every client's minibatch order")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the partition, the initial model, client sampling and every client's minibatch order")
     results_dir: str = Field(
         "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
     )
@@ -168,7 +172,7 @@ class Settings(BaseModel):
         "", description="where clients save their personal state; empty: `<results-dir>/client-state`. A SuperNode's node config `state-dir` overrides it"
     )
     round_timeout: float = Field(600.0, gt=0, description="seconds to wait for the replies of one phase")
-    min_replies: int = Field(1, ge=1, description="a round with fewer valid training replies stops the run, naming each client's problem")
+    min_replies: int = Field(1, ge=1, le=100_000, description="a round with fewer valid training replies stops the run, naming each client's problem")
     max_update_norm: float = Field(
         0.0, ge=0, description="reject a training reply whose update (uploaded − what the client started from) has a larger L2 norm; 0: no bound"
     )
@@ -183,11 +187,15 @@ class Settings(BaseModel):
     )
     trim_fraction: float = Field(0.2, ge=0, lt=0.5, description="`trimmed-mean`: share cut at each end")
     client_threads: int = Field(
-        1, ge=1, description="torch threads per ClientApp process; fixed rather than inherited because results depend on it (one core per simulated client)"
+        1,
+        ge=1,
+        le=1024,
+        description="torch threads per ClientApp process; fixed rather than inherited because results depend on it (one core per simulated client)",
     )
     gradual_interval: int = Field(
         0,
         ge=0,
+        le=100_000,
         description="gradual sharing: rounds per released layer, shallow to deep (0: off); for the methods whose declaration allows it",
     )
     tensorboard: bool = Field(
@@ -210,6 +218,13 @@ class Settings(BaseModel):
             if isinstance(method, str) and method in declarations():
                 data = {**data, "params": declarations()[method].params()}
         return data
+
+    @field_validator("results_dir")
+    @classmethod
+    def _a_folder(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a folder ('.' for the current one)")
+        return v
 
     @field_validator("method")
     @classmethod

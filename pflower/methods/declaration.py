@@ -24,7 +24,7 @@ def _kebab(name: str) -> str:
 class MethodParams(BaseModel):
     """A method's own run-config keys (``<method>.<key>``), typed and range-checked; none by default."""
 
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class HeadParams(MethodParams):

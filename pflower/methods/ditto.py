@@ -7,7 +7,7 @@ from pflower.methods.declaration import Method, MethodParams
 
 class DittoParams(MethodParams):
     lam: float = Field(1.0, ge=0, description="λ of the personal objective CE(v) + λ/2·‖v − w‖² (FL-bench's default; the paper tunes it in {0.01, 0.1, 1, 2})")
-    personal_epochs: int = Field(1, ge=1, description="epochs of the personal model each round, after `local-epochs` of the global one")
+    personal_epochs: int = Field(1, ge=1, le=1000, description="epochs of the personal model each round, after `local-epochs` of the global one")
 
 
 def wrap(model, params):

@@ -47,8 +47,8 @@ def update_from(i: int) -> str:
 
 
 class FedericoParams(MethodParams):
-    view_size: int = Field(4, ge=1, description="peers in each client's partial view (gossip peer sampling)")
-    neighbours: int = Field(3, ge=1, description="peers whose models a client uses each round (besides its own)")
+    view_size: int = Field(4, ge=1, le=1000, description="peers in each client's partial view (gossip peer sampling)")
+    neighbours: int = Field(3, ge=1, le=1000, description="peers whose models a client uses each round (besides its own)")
     epsilon: float = Field(0.3, ge=0, le=1, description="per neighbour slot, the probability of a random view peer instead of the best-weighted one")
     momentum: float = Field(0.5, gt=0, le=1, description="β of the loss EMA, L ← (1 − β) L + β loss")
 

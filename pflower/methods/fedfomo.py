@@ -19,7 +19,7 @@ def peer_model(j: int) -> str:
 
 
 class FedFomoParams(MethodParams):
-    m: int = Field(5, ge=1, description="other clients' models the server sends each sampled client (FL-bench's default)")
+    m: int = Field(5, ge=1, le=1000, description="other clients' models the server sends each sampled client (FL-bench's default)")
     epsilon: float = Field(0.3, ge=0, le=1, description="per model slot, the probability of a random client instead of the highest affinity")
     val_fraction: float = Field(
         0.2, gt=0, lt=1, description="share of a client's training split held out to weigh the models (never trained on; FedeRiCo's setup)"

@@ -8,7 +8,7 @@ from pflower.methods.pfedla import PFedLAParams
 
 
 class HeurPFedLAParams(PFedLAParams):
-    top_k: int = Field(1, ge=0, description="layers of highest self-weight each client retains (not sent to it); 0 is pFedLA")
+    top_k: int = Field(1, ge=0, le=1000, description="layers of highest self-weight each client retains (not sent to it); 0 is pFedLA")
 
 
 METHOD = Method(

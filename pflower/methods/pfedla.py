@@ -9,11 +9,12 @@ class PFedLAParams(MethodParams):
     hn_lr: float = Field(
         0.05, ge=0, description="SGD step of the hypernetworks and embeddings on the spread-normalized loss; 0 freezes the weights (the ablation)"
     )
-    embedding_dim: int = Field(100, ge=1, description="size of each client's embedding")
-    hidden_dim: int = Field(100, ge=1, description="width of the hypernetworks' 3-layer ReLU MLP")
+    embedding_dim: int = Field(100, ge=1, le=4096, description="size of each client's embedding")
+    hidden_dim: int = Field(100, ge=1, le=4096, description="width of the hypernetworks' 3-layer ReLU MLP")
     key_dim: int = Field(
         100,
         ge=1,
+        le=4096,
         description="heads are Linear(hidden → N) per layer while N ≤ this; beyond it a fixed random projection of this size keeps memory per client independent of N",
     )
 

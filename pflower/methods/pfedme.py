@@ -7,7 +7,7 @@ from pflower.methods.declaration import Method, MethodParams
 
 class PFedMeParams(MethodParams):
     lam: float = Field(15.0, gt=0, description="λ of the Moreau envelope f(θ) + λ/2·‖θ − w‖² (the authors' MNIST runs)")
-    k: int = Field(5, ge=1, description="inner steps on θ per minibatch")
+    k: int = Field(5, ge=1, le=1000, description="inner steps on θ per minibatch")
     personal_lr: float = Field(
         0.01, gt=0, description="step of the inner solver on θ (FL-bench's; the authors' 0.1, for their MNIST model, gives NaN with our CNN in round 1)"
     )
