@@ -3,10 +3,11 @@
 The app's ``[tool.flwr.app.config]`` defaults with the ``-c`` overrides, parsed as ``flwr run``
 parses them, go through :func:`pflower.config.load_settings`: an unknown key is named with the
 closest known one, a bad value with its rule, a key of another method with both methods; and
-``results-dir`` must be writable here and the trackers turned on installed (in simulation,
-where the ServerApp runs). It imports neither torch nor Ray, so it answers in about a second
-(a Hugging Face data set's columns are checked by opening it: ``datasets`` takes 3 s to
-import); ``pflower-sim`` runs it before it starts a SuperLink. For ``flwr run`` users: ``pflower-check -c "..." && flwr run . ...``.
+``results-dir`` must be writable here, hold no other run, and the trackers turned on installed
+(in simulation, where the ServerApp runs). Then the data is opened as every client will open it
+and checked (:func:`pflower.datasets.federated.check_data`; with ``--num-clients``, the
+partition too): a run whose data is wrong never starts. ``pflower-sim`` runs it with its
+number of clients before it starts a SuperLink. For ``flwr run`` users: ``pflower-check -c "..." && flwr run . ...``.
 """
 
 from __future__ import annotations
@@ -31,16 +32,22 @@ def is_pflower_app(app: Path) -> bool:
     return project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("serverapp") == "pflower.server_app:app"
 
 
-def check(app: Path, overrides: str = "") -> str | None:
-    """Why the run config of ``app`` with ``overrides`` would be refused, or None."""
-    from pflower.config import ConfigError, check_server, load_settings
+def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str | None:
+    """Why the run config of ``app`` with ``overrides`` would be refused, or None: its keys, the
+    results-dir, then its data opened as every client will (:func:`pflower.config.check_data`; with
+    ``num_clients``, their partition too)."""
+    from pflower.config import ConfigError, check_data, check_server, load_settings
 
     try:
-        check_server(load_settings(app_run_config(app, overrides)))
-    except ConfigError as err:
-        return str(err)
+        run_config = app_run_config(app, overrides)
     except Exception as err:  # noqa: BLE001 - an unparsable -c string: Flower's own message
         return f"run config {overrides!r} cannot be parsed: {err}"
+    try:
+        settings = load_settings(run_config)
+        check_server(settings)
+        check_data(settings, num_clients)
+    except ConfigError as err:
+        return str(err)
     return None
 
 
@@ -48,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-check", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, as for flwr run")
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
+    p.add_argument("--num-clients", type=int, default=None, help="the federation's size: its partition is checked too")
     args = p.parse_args(argv)
-    if (why := check(args.app, args.run_config)) is not None:
+    if (why := check(args.app, args.run_config, args.num_clients)) is not None:
         print(f"pflower-check: {why}", file=sys.stderr)
         return 2
     print("pflower-check: the run config is valid")

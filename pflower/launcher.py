@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from pflower.check import check, is_pflower_app
 
-    if is_pflower_app(args.app) and (why := check(args.app, args.run_config)) is not None:
+    if is_pflower_app(args.app) and (why := check(args.app, args.run_config, args.num_clients)) is not None:
         print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

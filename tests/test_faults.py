@@ -114,11 +114,11 @@ def test_a_client_sending_nan_every_round_changes_nothing(superlink, tmp_path, m
     assert final["nan"] > 0.3  # learned despite the NaN client (3 short rounds on digits)
 
 
-def test_unreadable_data_stops_the_run_naming_the_file(superlink, tmp_path):
-    data = tmp_path / "mnist"
-    data.mkdir()
-    (data / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x00" * 100)
-    (data / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01" + (10).to_bytes(4, "big") + b"\x01" * 10)
-    _, status, log = _run(superlink, f"dataset='mnist' data-dir='{data}' results-dir='{tmp_path / 'out'}'")
+def test_data_only_the_clients_can_judge_stops_the_run_naming_the_problem(superlink, tmp_path):
+    """The ServerApp checks the data before round 1 (tests/test_data_check.py), but not a partition
+    for a federation it has not met: 3 clients x 1000 shards of digits is found by the clients,
+    each answers with one line, and the ServerApp prints it."""
+    _, status, log = _run(superlink, f"partition='shards' shards-per-client=1000 results-dir='{tmp_path / 'out'}'")
     assert status == "finished:failed"
-    assert "no client could start" in log and "t10k-images-idx3-ubyte is truncated or corrupt" in log
+    assert "no client could start" in log and "shards-per-client=1000: 3 clients x 1000 shards of at least 2 samples need 6000" in log
+    assert "Traceback" not in log

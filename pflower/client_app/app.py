@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from torch import nn
 
@@ -31,8 +32,11 @@ from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, client_domain, global_test, label_counts, pool_for
+from pflower.datasets.folder import FolderError
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
+from pflower.datasets.partition import PartitionError
 from pflower.datasets.shift import DOMAIN
+from pflower.datasets.sources import DataError
 from pflower.device import deterministic_kernels, device
 from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
@@ -63,7 +67,22 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
     return reply
 
 
-app = ClientApp(mods=[_deterministic, _evaluate_first])
+#: What a client may find wrong with its data or settings: each is its own clear message.
+DATA_PROBLEMS = (DataError, FolderError, PartitionError)
+
+
+def _named_failures(msg: Message, context: Context, call_next) -> Message:
+    """A problem with the client's data (unreadable file, a partition it cannot fill) is answered
+    with one line naming it, as an error reply: the server prints that line, and no engine logs
+    a traceback of a message that was never a bug."""
+    try:
+        return call_next(msg, context)
+    except DATA_PROBLEMS as err:
+        log(ERROR, "%s", err)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+
+
+app = ClientApp(mods=[_named_failures, _deterministic, _evaluate_first])
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,29 @@ def pool_for(settings: Settings) -> Pool:
     return _pool(settings.source)
 
 
+def check_data(settings: Settings, num_clients: int | None = None) -> None:
+    """Open the data as every client will and check what they would find: images of the shape
+    and classes the server builds its model for, finite values, every label in range, no class
+    without samples and, given the number of clients, a partition that leaves each client
+    samples. DataError or PartitionError naming the data and the problem."""
+    pool = pool_for(settings)
+    where = settings.data_dir or settings.dataset
+    if len(pool.y) == 0:
+        raise S.DataError(f"{where}: the data set holds no images")
+    if pool.shape != tuple(settings.image_shape):
+        raise S.DataError(f"{where}: the images are {pool.shape} (channels, height, width), its first image says {tuple(settings.image_shape)}")
+    if pool.num_classes != settings.num_classes:
+        raise S.DataError(f"{where}: the labels make {pool.num_classes} classes, its metadata {settings.num_classes}")
+    if (low := int(pool.y.min())) < 0 or (high := int(pool.y.max())) >= pool.num_classes:
+        raise S.DataError(f"{where}: labels run from {low} to {high}, outside its {pool.num_classes} classes (0-{pool.num_classes - 1})")
+    if not bool(torch.isfinite(pool.x).all()):
+        raise S.DataError(f"{where}: some image values are not finite numbers")
+    if empty := np.flatnonzero(np.bincount(pool.y.numpy(), minlength=pool.num_classes) == 0).tolist():
+        raise S.DataError(f"{where}: {len(empty)} of its {pool.num_classes} classes have no images (class {', '.join(map(str, empty[:10]))})")
+    if num_clients is not None:
+        federated_indices(settings, num_clients)
+
+
 def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
     """One index array per client for the configured partition."""
     labels = pool.y.numpy()

@@ -49,6 +49,11 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: i
     given that many at random (the remainder of the cut is unused)."""
     from flwr_datasets.partitioner import ShardPartitioner
 
+    if num_clients * shards_per_client * 2 > len(labels):
+        raise PartitionError(
+            f"shards-per-client={shards_per_client}: {num_clients} clients x {shards_per_client} shards of at least 2 samples need "
+            f"{num_clients * shards_per_client * 2}, the pool has {len(labels)}; give at most {max(1, len(labels) // (2 * num_clients))}"
+        )
     part = ShardPartitioner(num_partitions=num_clients, partition_by="label", num_shards_per_partition=shards_per_client, seed=seed)
     return _upstream(part, _as_hf_dataset(labels), num_clients, "shards")
 
@@ -119,6 +124,8 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> 
     """Per-class client proportions ~ Dir(alpha) (flwr-datasets DirichletPartitioner)."""
     from flwr_datasets.partitioner import DirichletPartitioner
 
+    if 2 * num_clients > len(labels):
+        raise PartitionError(f"dirichlet partition: {num_clients} clients need at least 2 samples each, the pool has {len(labels)}")
     min_size = max(2, min(10, len(labels) // (4 * num_clients)))
     part = DirichletPartitioner(
         num_partitions=num_clients,
@@ -132,7 +139,10 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> 
     try:
         return [np.sort(np.asarray(part.load_partition(i)["index"], dtype=np.int64)) for i in range(num_clients)]
     except ValueError as err:
-        raise PartitionError(f"dirichlet partition with alpha={alpha} failed: {err}") from None
+        raise PartitionError(
+            f"dirichlet partition with alpha={alpha} failed for {num_clients} clients of {len(labels)} samples (each needs {min_size}): {err}; "
+            "a larger dirichlet-alpha spreads the classes more evenly, fewer clients leave each more samples"
+        ) from None
 
 
 def _class_pools(labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:

@@ -11,7 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
-from pflower.config import ConfigError, check_server, load_settings
+from pflower.config import ConfigError, check_data, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
 from pflower.run_folder import clear_run
@@ -43,6 +43,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         settings = load_settings(context.run_config)
         check_server(settings)
+        check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
         checkpoint = load_checkpoint(settings) if settings.resume_from else None
         if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
             log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
