@@ -30,7 +30,7 @@ EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mn
 FeatureShift = Literal["none", "rotation", "contrast", "noise", "blur", "colour", "mixed"]
 ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2"]
 #: The smallest image side a model takes (its valid convolutions and pools leave nothing below).
-MODEL_MIN_SIZE = {"lenet": 16, "lenet-bn": 16, "twocnn": 4, "cnn2": 8}
+MODEL_MIN_SIZE = {"lenet": 16, "lenet-bn": 16, "twocnn": 4, "cnn2": 8, "cnn": 4, "cnn-bn": 4, "auto": 4}
 Aggregation = Literal["mean", "median", "trimmed-mean"]
 LabelNoise = Literal["none", "pair", "symmetric"]
 TestMode = Literal["local", "global", "both"]
@@ -391,6 +391,8 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     side = min(s.image_shape[1:])
     if side < MODEL_MIN_SIZE.get(s.model, 0):
         problems.append(("model", s.model, f"needs images of at least {MODEL_MIN_SIZE[s.model]}x{MODEL_MIN_SIZE[s.model]} ({s.dataset}'s are {side}x{side})"))
+    if s.state_dir and (state := Path(s.state_dir).expanduser()).exists() and not state.is_dir():
+        problems.append(("state-dir", s.state_dir, "is a file; name a folder (it is created if missing)"))
     if s.image_size and not s.reads_folder and not s.node_data:
         problems.append(("image-size", s.image_size, "only for image folders (dataset 'imagefolder', or CIFAR given as a folder tree)"))
     if s.samples_per_client and s.partition not in ("pathological", "dominant", "label-groups"):

@@ -29,7 +29,7 @@ from torch import nn
 from pflower import single_message
 from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
-from pflower.client_app.store import StateStore
+from pflower.client_app.store import StateError, StateStore
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, client_domain, global_test, label_counts, pool_for
 from pflower.datasets.folder import FolderError
@@ -68,7 +68,7 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
 
 
 #: What a client may find wrong with its data or settings: each is its own clear message.
-DATA_PROBLEMS = (DataError, FolderError, PartitionError)
+DATA_PROBLEMS = (DataError, FolderError, PartitionError, StateError)
 
 
 def _named_failures(msg: Message, context: Context, call_next) -> Message:

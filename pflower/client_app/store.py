@@ -46,6 +46,10 @@ def _records(plain: dict) -> RecordDict:
     return RecordDict({name: to_record(value) if kind == "arrays" else _KINDS[kind](value) for name, (kind, value) in plain.items()})
 
 
+class StateError(RuntimeError):
+    """A saved client state that cannot be read; the message names the file."""
+
+
 class StateStore:
     """The saved states of one client (see the module docstring)."""
 
@@ -104,7 +108,11 @@ class StateStore:
             saved = sorted(p for p in d.glob("round-*.pt") if int(p.stem.split("-")[1]) < before_round) if d.is_dir() else []
             if saved:
                 payload = saved[-1].read_bytes()
+                try:
+                    state = _records(torch.load(io.BytesIO(payload), weights_only=True))
+                except Exception as err:  # noqa: BLE001 - truncated or damaged: named, never a traceback
+                    raise StateError(f"the saved client state {saved[-1]} cannot be read ({err}); it is damaged: resume from a run whose client states are whole") from None
                 if root != self.roots[0]:
                     self._write(self._dir(self.roots[0], lineage), int(saved[-1].stem.split("-")[1]), payload)
-                return _records(torch.load(io.BytesIO(payload), weights_only=True))
+                return state
         return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,8 +139,13 @@ def load_folder(root: Path, image_size: int = 0) -> tuple[np.ndarray, np.ndarray
     directory = cache_dir()
     path = directory / f"folder-{name}-{key}.npz"
     if path.is_file():
-        with np.load(path) as cached:
-            return cached["x"], cached["y"], index.classes
+        try:
+            with np.load(path) as cached:
+                x, y = cached["x"], cached["y"]
+            if len(x) == len(y) == len(index.files):
+                return x, y, index.classes
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # a damaged cache file: decoded again and replaced below
     x, y = decode_folder(index, image_size)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(f"folder-{name}-*.npz"):

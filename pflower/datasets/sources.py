@@ -169,6 +169,10 @@ def load_cifar(name: str, root: Path, download: bool) -> Pool:
         splits = [cls(root=str(root), train=t, download=download) for t in (True, False)]
     except RuntimeError as err:
         raise DataError(f"{name} not found under {root} ({err}); set download=true to fetch it") from None
+    except OSError as err:  # a download that cannot reach its server, a folder it cannot write
+        raise DataError(
+            f"download=true: {name} could not be fetched into {root} ({err}); offline, put torchvision's files there and set download=false"
+        ) from None
     x = np.concatenate([s.data for s in splits]).astype(np.float32).transpose(0, 3, 1, 2) / 255.0
     y = np.concatenate([np.asarray(s.targets) for s in splits]).astype(np.int64)
     return Pool(_normalize(x), torch.from_numpy(y), 10 if name == "cifar10" else 100)
