@@ -53,3 +53,26 @@ def test_an_integer_past_its_bound_is_refused_naming_the_key(key, method, field)
 def test_a_float_key_refuses_infinity_and_nan_naming_the_key(key, method, field, value):
     with pytest.raises(ConfigError, match=f"run config key '{key}' = {value!r} is not allowed: Input should be a finite number"):
         load_settings(_cfg(key, method, value))
+
+
+def test_every_key_with_no_effect_in_the_chosen_setting_is_refused_with_the_reason():
+    """Each scoped key, set away from its default where it does nothing (the default run:
+    digits, pathological partition, no label noise, mean aggregation, SGD, no MLflow), is refused
+    naming what it needs; where it applies, it is accepted."""
+    from pflower.config import SCOPED_KEYS
+
+    away = {"torchvision-name": "SVHN", "emnist-split": "digits", "hf-image-column": "img", "hf-label-column": "y", "shards-per-client": 3,
+            "client-sizes": "10,20", "natural-id-column": "user", "mlflow-tracking-uri": "sqlite:///m.db", "mlflow-experiment": "x",
+            "dirichlet-alpha": 0.1, "dominant-classes": 3, "dominant-fraction": 0.6, "label-groups": 3, "label-noise-ratio": 0.2,
+            "trim-fraction": 0.3, "download": True}  # fmt: skip
+    where = {"classes-per-client": ({"partition": "iid"}, 3), "momentum": ({"optimizer": "adam"}, 0.5)}
+    applies = {"dirichlet-alpha": {"partition": "dirichlet"}, "dominant-classes": {"partition": "dominant"}, "dominant-fraction": {"partition": "dominant"},
+               "label-groups": {"partition": "label-groups"}, "label-noise-ratio": {"label-noise": "symmetric"}, "trim-fraction": {"aggregation": "trimmed-mean", "method": "fedavg"},
+               "shards-per-client": {"partition": "shards"}}  # fmt: skip
+    assert {key for key, *_ in SCOPED_KEYS} == set(away) | set(where)
+    for key, _, _, needs in SCOPED_KEYS:
+        setting, value = where.get(key, ({}, away.get(key)))
+        with pytest.raises(ConfigError, match=f"run config key '{key}' = .* is not allowed: only for {needs}"):
+            load_settings({**run_config(), **setting, key: value})
+        if key in applies:
+            load_settings({**run_config(), **applies[key], key: value})

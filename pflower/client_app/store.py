@@ -111,7 +111,9 @@ class StateStore:
                 try:
                     state = _records(torch.load(io.BytesIO(payload), weights_only=True))
                 except Exception as err:  # noqa: BLE001 - truncated or damaged: named, never a traceback
-                    raise StateError(f"the saved client state {saved[-1]} cannot be read ({err}); it is damaged: resume from a run whose client states are whole") from None
+                    raise StateError(
+                        f"the saved client state {saved[-1]} cannot be read ({err}); it is damaged: resume from a run whose client states are whole"
+                    ) from None
                 if root != self.roots[0]:
                     self._write(self._dir(self.roots[0], lineage), int(saved[-1].stem.split("-")[1]), payload)
                 return state
