@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,14 +90,14 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt gzip body
         raise DataError(f"cannot read IDX file {path}: {err}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    expected = int(np.prod(dims))
+    expected = math.prod(dims)  # Python's integers: dims near 2**32 cannot wrap around to the file's length
     if len(raw) - header != expected:
         raise DataError(f"{path} is truncated or corrupt: header says {expected} bytes of data, file has {len(raw) - header}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
@@ -131,8 +133,12 @@ def load_idx_family(name: str, root: Path, relabel: bool = True) -> Pool:
         x, y = read_idx(img), read_idx(lbl)
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
             raise DataError(f"{img.name} ({x.shape}) and {lbl.name} ({y.shape}) do not match")
+        if xs and x.shape[1:] != xs[0].shape[1:]:
+            raise DataError(f"{img} holds {x.shape[1]}x{x.shape[2]} images, {pairs[0][0].name} {xs[0].shape[1]}x{xs[0].shape[2]}: one size per data set")
         xs.append(x)
         ys.append(y)
+    if not sum(map(len, ys)):
+        raise DataError(f"no images for {name} in {root}: {', '.join(img.name for img, _ in pairs)} hold 0 images")
     x = np.concatenate(xs).astype(np.float32)[:, None] / 255.0
     if name == "emnist":
         x = x.transpose(0, 1, 3, 2)  # EMNIST images are stored transposed

@@ -174,7 +174,9 @@ def _usps(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load(root: Path, name: str, emnist_split: str = "balanced") -> tuple[np.ndarray, np.ndarray]:
     """Every split of ``name`` under ``root``: images uint8 [n, C, H, W] and labels 0..classes-1."""
     xs, ys = [], []
-    for files in found(root, name, emnist_split):
+    shape, classes = info(name, emnist_split)
+    first = 1 if name == "EMNIST" and emnist_split == "letters" else 0  # letters are numbered from 1
+    for files in (splits := found(root, name, emnist_split)):
         try:
             if name in IDX_FAMILY:
                 x, y = _idx(files, transpose=name == "EMNIST")
@@ -188,17 +190,17 @@ def load(root: Path, name: str, emnist_split: str = "balanced") -> tuple[np.ndar
             raise
         except (OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
             raise DataError(f"cannot read {name} from {files[0]}: {err}") from None
+        named = f"{', '.join(str(f.relative_to(root)) for f in files)} under {root}"
+        if x.shape[1:] != shape:
+            raise DataError(f"{name}'s {named} hold images {x.shape[1:]}, torchvision's are {shape}")
+        y = y - first
+        if len(y) and (y.min() < 0 or y.max() >= classes):
+            raise DataError(f"{name}'s {named} hold labels {int(y.min()) + first}..{int(y.max()) + first}, outside {first}..{classes - 1 + first}")
         xs.append(x)
         ys.append(y)
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    if name == "EMNIST" and emnist_split == "letters":
-        y = y - 1
-    shape, classes = info(name, emnist_split)
-    if x.shape[1:] != shape:
-        raise DataError(f"{name} under {root} has images {x.shape[1:]}, torchvision's are {shape}")
-    if len(y) and (y.min() < 0 or y.max() >= classes):
-        raise DataError(f"{name} under {root} has labels {int(y.min())}..{int(y.max())}, outside 0..{classes - 1}")
-    return x, y
+    if not sum(map(len, ys)):
+        raise DataError(f"{name} under {root} has no images: {', '.join(f.name for files in splits for f in files)} hold none")
+    return np.concatenate(xs), np.concatenate(ys)
 
 
 def load_torchvision(root: Path, name: str, emnist_split: str = "balanced") -> Pool:
