@@ -9,8 +9,8 @@ error naming them, never dropped):
 - ``MNIST``, ``FashionMNIST``, ``KMNIST``: ``root/<Name>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
 - ``EMNIST``: ``root/EMNIST/raw/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]``;
   the images are stored transposed and are turned upright here; ``letters`` labels 1..26 become 0..25
-- ``SVHN``: ``root/{train,test}_32x32.mat`` (label 10 is digit 0, as torchvision reads it; the
-  531,131 ``extra`` images are not pooled)
+- ``SVHN``: ``root/{train,test}_32x32.mat``: 'X' uint8 [32, 32, 3, n], 'y' a column of n whole
+  numbers (label 10 is digit 0, as torchvision reads it; the 531,131 ``extra`` images are not pooled)
 - ``CIFAR10``: ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}``; ``CIFAR100``:
   ``root/cifar-100-python/{train,test}`` (the 100 fine labels). The batches are pickles, read by
   an unpickler that admits only what the format holds (dicts, lists, strings, numbers and numpy
@@ -137,11 +137,17 @@ def _svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"cannot read SVHN's {path}: {err}") from None
     if "X" not in mat or "y" not in mat:
         raise LayoutError(f"{path} has no 'X' and 'y' arrays (SVHN's .mat format)")
-    y = mat["y"].astype(np.int64).reshape(-1)
-    if mat["X"].ndim != 4 or mat["X"].shape[:3] != (32, 32, 3) or mat["X"].shape[3] != len(y):
-        raise DataError(f"{path}: 'X' is {list(mat['X'].shape)} and 'y' has {len(y)} labels; SVHN's hold [32, 32, 3, n] images and n labels")
+    x, labels = np.asarray(mat["X"]), np.asarray(mat["y"])
+    if x.dtype != np.uint8:
+        raise DataError(f"{path}: 'X' holds {x.dtype} values; SVHN's images are uint8")
+    numeric = labels.dtype.kind in "iuf" and np.isfinite(labels).all() and (labels == np.round(labels)).all()
+    if not numeric or sum(d > 1 for d in labels.shape) > 1:
+        raise DataError(f"{path}: 'y' is {labels.dtype} {list(labels.shape)}; SVHN's labels are one column of whole numbers")
+    y = labels.astype(np.int64).reshape(-1)
+    if x.ndim != 4 or x.shape[:3] != (32, 32, 3) or x.shape[3] != len(y):
+        raise DataError(f"{path}: 'X' is {list(x.shape)} and 'y' has {len(y)} labels; SVHN's hold [32, 32, 3, n] images and n labels")
     y[y == 10] = 0
-    return np.ascontiguousarray(mat["X"].transpose(3, 2, 0, 1)), y
+    return np.ascontiguousarray(x.transpose(3, 2, 0, 1)), y
 
 
 def _cifar(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
