@@ -153,11 +153,18 @@ def _svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def _cifar(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for path in files:
-        with open(path, "rb") as f:
-            entry = _BatchUnpickler(f, encoding="latin1").load()
+        try:
+            with open(path, "rb") as f:
+                entry = _BatchUnpickler(f, encoding="latin1").load()
+        except Exception as err:  # noqa: BLE001 - a damaged pickle raises nearly anything (IndexError, KeyError, MemoryError, ...)
+            raise DataError(f"cannot read {path} as a CIFAR batch (a pickle): {err!r}") from None
         if not isinstance(entry, dict) or "data" not in entry or label_key not in entry:
             raise LayoutError(f"{path} has no 'data' and '{label_key}' (CIFAR's pickled batches)")
-        data, labels = np.asarray(entry["data"]), np.asarray(entry[label_key])
+        try:
+            data, labels = np.asarray(entry["data"]), np.asarray(entry[label_key])
+        except ValueError as err:  # ragged lists
+            raise DataError(f"{path}: 'data' and '{label_key}' are not arrays ({err})") from None
+        labels = labels.astype(np.int64) if labels.size == 0 else labels  # [] reads as float64
         if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.dtype != np.uint8:
             raise DataError(f"{path}: 'data' is {data.dtype} {list(data.shape)}; CIFAR's batches hold uint8 rows of 3072 values [n, 3072] (3x32x32)")
         if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
@@ -194,7 +201,7 @@ def load(root: Path, name: str, emnist_split: str = "balanced") -> tuple[np.ndar
                 x, y = _usps(files[0])
         except DataError:
             raise
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
+        except (OSError, EOFError, ValueError) as err:
             raise DataError(f"cannot read {name} from {files[0]}: {err}") from None
         named = f"{', '.join(str(f.relative_to(root)) for f in files)} under {root}"
         if x.shape[1:] != shape:
