@@ -16,7 +16,10 @@ error naming them, never dropped):
   an unpickler that admits only what the format holds (dicts, lists, strings, numbers and numpy
   arrays): a file with anything else is refused before any of it runs. Each batch's data must be
   [n, 3072] bytes with n labels
-- ``USPS``: ``root/usps.bz2`` and ``root/usps.t.bz2`` (libsvm text, values in [-1, 1], labels 1..10)
+- ``USPS``: ``root/usps.bz2`` and ``root/usps.t.bz2`` (libsvm text, values in [-1, 1], labels 1..10;
+  a line otherwise is an error naming it, never a value wrapped around in a byte)
+
+A split that holds no images loads as nothing; a data set whose splits all hold none is an error.
 """
 
 from __future__ import annotations
@@ -174,14 +177,32 @@ def _cifar(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs), np.concatenate(ys)
 
 
+_USPS_INDICES = [str(j) for j in range(1, 257)]
+
+
 def _usps(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Rows 'label 1:v 2:v ... 256:v', labels 1-10 and values in [-1, 1]; a row otherwise (a value
+    missing, out of order or past the range, a label not a class) is refused naming its line."""
     with bz2.open(path) as f:
-        rows = [line.decode().split() for line in f if line.strip()]
-    values = np.asarray([[v.split(":")[-1] for v in row[1:]] for row in rows], dtype=np.float32)
-    if values.shape[1:] != (256,):
-        raise LayoutError(f"{path}: a USPS row has 256 values (16x16), these have {values.shape[1:]}")
-    x = ((values.reshape(-1, 1, 16, 16) + 1) / 2 * 255).astype(np.uint8)
-    return x, np.asarray([int(float(row[0])) - 1 for row in rows], dtype=np.int64)
+        rows = [(n, line.decode().split()) for n, line in enumerate(f, 1) if line.strip()]
+    if not rows:
+        raise DataError(f"{path} holds no rows; USPS's are 'label 1:v 2:v ... 256:v'")
+    values, labels = np.empty((len(rows), 256), dtype=np.float32), np.empty(len(rows))
+    for i, (n, row) in enumerate(rows):
+        pairs = [v.partition(":") for v in row[1:]]
+        try:
+            if [j for j, _, _ in pairs] != _USPS_INDICES:
+                raise ValueError("not 256 values numbered 1 to 256")
+            values[i] = np.asarray([v for _, _, v in pairs], dtype=np.float32)
+            labels[i] = float(row[0])
+        except ValueError:
+            raise DataError(f"{path}, line {n}: not 'label 1:v 2:v ... 256:v' (a label and 256 values numbered in order)") from None
+    bad = ~(np.isfinite(values).all(axis=1) & (np.abs(values).max(axis=1) <= 1) & np.isin(labels, np.arange(1, 11)))
+    if bad.any():
+        i = int(np.argmax(bad))
+        n, row = rows[i]
+        raise DataError(f"{path}, line {n}: label {row[0]}, values from {values[i].min()} to {values[i].max()}; USPS's labels are 1-10, its values in [-1, 1]")
+    return ((values.reshape(-1, 1, 16, 16) + 1) / 2 * 255).astype(np.uint8), labels.astype(np.int64) - 1
 
 
 def load(root: Path, name: str, emnist_split: str = "balanced") -> tuple[np.ndarray, np.ndarray]:
