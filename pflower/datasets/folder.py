@@ -6,7 +6,8 @@ it reads) to 8 bits a channel, their channels and size taken from the files: one
 and one size per data set, or ``image_size`` > 0 to resize every image to that square. 16-bit
 and 32-bit integer grayscale (PIL modes ``I;16``, ``I``) is scaled from 0-65535, float
 grayscale (``F``) from [0, 1]; a value outside that range, a file that cannot be decoded, a
-size that differs without ``image_size``, or mixed channels stop with an error naming the file.
+size that differs without ``image_size``, or mixed channels stop with an error naming the file,
+a class folder without images (a class nothing teaches) one naming the folder.
 
 The decoded pool (uint8) is kept in a cache file outside the data folder, which may be
 read-only: ``$PFLOWER_CACHE`` or ``~/.cache/pflower``, one file per folder and image size. Its
@@ -71,6 +72,9 @@ def index_folder(root: Path) -> FolderIndex:
                 files += [(split, label, p) for p in sorted(folder.iterdir()) if p.is_file() and p.name not in SKIP and not p.name.startswith(".")]
     if not files:
         raise FolderError(f"{root} has class folders but no image files")
+    if empty := [name for label, name in enumerate(classes) if label not in {label for _, label, _ in files}]:
+        folders = " and ".join(str(root / split / empty[0]) for split in SPLITS if (root / split / empty[0]).is_dir())
+        raise FolderError(f"class folder {folders} holds no image files (a class needs images to be learned); add its images or remove it")
     return FolderIndex(root, tuple(classes), tuple(files))
 
 
