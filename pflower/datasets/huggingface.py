@@ -3,8 +3,9 @@
 ``data-dir`` is a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
 (every split pooled), a ``.parquet`` file, or a folder of them (as on the Hub: every
 ``*.parquet`` below it, pooled). The image column holds images (``datasets.Image``, decoded
-with PIL) or arrays ([H, W] or [H, W, C]; uint8 and integers 0-255, uint16 0-65535, floats in
-[0, 1]: the type sets the scale, a value outside it is an error naming its row); the label column a
+with PIL, each scaled by its own mode; a palette, CMYK or YCbCr image is read as RGB) or arrays
+([H, W] or [H, W, C]; uint8 and integers 0-255, uint16 0-65535, floats in [0, 1]: the type sets
+the scale, a value outside it is an error naming its row); the label column a
 ``ClassLabel`` (its classes, in its order) or plain values (their sorted distinct values are the
 classes). One image size and channel count per data set.
 
@@ -15,7 +16,11 @@ network, and a missing file is an error instead of a download.
 
 from __future__ import annotations
 
+import io
+import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -76,9 +81,37 @@ def open_dataset(path: str):
             from datasets.table import InMemoryTable
 
             parts = [datasets.Dataset(InMemoryTable(pq.read_table(f))) for f in _parquet_files(root)]
+        for part in parts:  # Arrow reads a damaged file's lengths as they are: refused here, never read past its end
+            part.data.table.validate(full=True)
         return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    except (OSError, ValueError) as err:
-        raise DataError(f"cannot read the Hugging Face data set {root}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - datasets and pyarrow raise nearly anything on a damaged file (KeyError, IndexError, ArrowException, ...)
+        if empty := _empty_splits(root):
+            where = "" if empty == ["."] else f" in its split {', '.join(empty)} (datasets cannot read an empty saved split back; remove it)"
+            raise DataError(f"the data set {root} has no rows{where}") from None
+        raise DataError(f"cannot read the Hugging Face data set {root}: {err!r:.500}") from None
+
+
+def _empty_splits(root: Path) -> list[str]:
+    """The save_to_disk folders under ``root`` (itself, or its splits) whose state.json lists no data file."""
+    empty = []
+    for state in [root / "state.json", *sorted(root.glob("*/state.json"))]:
+        try:
+            if state.is_file() and json.loads(state.read_text()).get("_data_files") == []:
+                empty.append(str(state.parent.relative_to(root)))
+        except (OSError, ValueError, AttributeError):
+            continue  # damaged: the error itself is reported
+    return empty
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """A DataError raised inside names the data set at ``path`` (the column errors name only the column and row)."""
+    try:
+        yield
+    except DataError as err:
+        if path in str(err):
+            raise
+        raise DataError(f"{err} (in the data set {path})") from None
 
 
 def check_columns(ds, columns: dict[str, str]) -> None:
@@ -137,6 +170,53 @@ def _images(batch: Any, column: str, first: int, declared: np.dtype | None = Non
     return np.ascontiguousarray(a.transpose(0, 3, 1, 2), dtype=np.float32) / np.float32(top)
 
 
+#: The modes a decoded image keeps, with the value its type's top is (8-bit 255, 16-bit 65535,
+#: float and bilevel 1, 32-bit integers 255 as their arrays read); every other mode is converted.
+KEPT_MODES = {"1": 1.0, "L": 255.0, "RGB": 255.0, "I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I": 255.0, "F": 1.0}
+
+
+def _decode_cell(cell: dict | None, column: str, row: int, mode: str | None) -> np.ndarray:
+    """One cell of a ``datasets.Image`` column ({"bytes", "path"}) as float32 [H, W, C] in [0, 1].
+
+    Decoded by PIL as Hugging Face does, converted to the feature's ``mode`` if it has one. Each
+    image's own mode sets its scale (two images of one batch may differ); a palette, CMYK or YCbCr
+    image is converted to RGB, since its array is not its pixels, and the alpha channel is dropped
+    (RGBA to RGB, LA to L). A cell that is empty, not an image, or past its mode's range is an
+    error naming the row.
+    """
+    from PIL import Image
+
+    data, path = (cell or {}).get("bytes"), (cell or {}).get("path")
+    if data is None and not path:
+        raise DataError(f"column {column!r}: row {row} has no image (null)")
+    try:
+        with Image.open(io.BytesIO(data) if data is not None else path) as im:
+            im.load()
+            im = im.convert(mode) if mode and im.mode != mode else im
+            im = im.convert("L" if im.mode == "LA" else "RGB") if im.mode not in KEPT_MODES else im
+            a = np.asarray(im)
+    except Exception as err:  # noqa: BLE001 - PIL raises nearly anything on a damaged image (OSError, SyntaxError, struct.error, ...)
+        raise DataError(f"column {column!r}: row {row} is not an image PIL can read ({type(err).__name__}: {err})") from None
+    top = KEPT_MODES[im.mode]
+    if not np.isfinite(a).all() or a.min(initial=0) < 0 or a.max(initial=0) > top:
+        raise DataError(f"column {column!r}: row {row} (mode {im.mode}) holds values from {a.min()} to {a.max()}; its mode is read as 0-{top:g}")
+    return (a.astype(np.float32) / np.float32(top)).reshape(*a.shape[:2], -1)
+
+
+def _batches(ds, column: str, size: int = 2048) -> Iterator[np.ndarray]:
+    """The image column as float32 [n, C, H, W] in [0, 1], ``size`` rows at a time."""
+    feature = ds.features[column]
+    part = ds.select_columns([column])
+    if type(feature).__name__ == "Image":  # decoded here: errors name the row, and modes are converted
+        mode = getattr(feature, "mode", None)
+        for start, batch in enumerate(part.with_format("arrow").iter(batch_size=size)):
+            cells = [_decode_cell(cell, column, start * size + i, mode) for i, cell in enumerate(batch.column(column).to_pylist())]
+            yield _images(cells, column, start * size, np.dtype(np.float32))
+    else:
+        for start, batch in enumerate(part.with_format("numpy").iter(batch_size=size)):
+            yield _images(batch[column], column, start * size, pixel_dtype(feature))
+
+
 @dataclass(frozen=True)
 class HFInfo:
     """What the server needs without decoding the whole set: image shape and class names."""
@@ -164,11 +244,12 @@ def _classes(ds, label: str) -> tuple[tuple[str, ...], np.ndarray | None]:
 def hf_info(path: str, image: str, label: str) -> HFInfo:
     """Image shape (the first row's) and classes of the data set at ``path``."""
     ds = open_dataset(path)
-    check_columns(ds, {"hf-image-column": image, "hf-label-column": label})
-    if len(ds) == 0:
-        raise DataError(f"the data set {path} has no rows")
-    first = _images(ds.with_format("numpy").select([0])[image], image, 0, pixel_dtype(ds.features[image]))
-    return HFInfo(tuple(first.shape[1:]), _classes(ds, label)[0])  # type: ignore[arg-type]
+    with _naming(path):
+        check_columns(ds, {"hf-image-column": image, "hf-label-column": label})
+        if len(ds) == 0:
+            raise DataError(f"the data set {path} has no rows")
+        first = next(_batches(ds.select([0]), image))
+        return HFInfo(tuple(first.shape[1:]), _classes(ds, label)[0])  # type: ignore[arg-type]
 
 
 def check_id_column(ds, column: str, image: str, label: str) -> None:
@@ -204,18 +285,17 @@ def load_hf(path: str, image: str, label: str, id_column: str = "") -> tuple[np.
     """(images float32 [n, C, H, W] in [0, 1], labels, number of classes, natural ids or None)."""
     ds = open_dataset(path)
     columns = {"hf-image-column": image, "hf-label-column": label} | ({"natural-id-column": id_column} if id_column else {})
-    check_columns(ds, columns)
-    if len(ds) == 0:
-        raise DataError(f"the data set {path} has no rows")
-    if id_column:
-        check_id_column(ds, id_column, image, label)
-    names, values = _classes(ds, label)
-    y = _labels(ds, label, names, values)
-    xs, declared = [], pixel_dtype(ds.features[image])
-    for start, batch in enumerate(ds.select_columns([image]).with_format("numpy").iter(batch_size=2048)):
-        xs.append(_images(batch[image], image, start * 2048, declared))
-    if len({a.shape[1:] for a in xs}) > 1:
-        raise DataError(f"column {image!r}: the images differ in size or channels ({sorted({a.shape[1:] for a in xs})}); one per data set")
+    with _naming(path):
+        check_columns(ds, columns)
+        if len(ds) == 0:
+            raise DataError(f"the data set {path} has no rows")
+        if id_column:
+            check_id_column(ds, id_column, image, label)
+        names, values = _classes(ds, label)
+        y = _labels(ds, label, names, values)
+        xs = list(_batches(ds, image))
+        if len({a.shape[1:] for a in xs}) > 1:
+            raise DataError(f"column {image!r}: the images differ in size or channels ({sorted({a.shape[1:] for a in xs})}); one per data set")
     ids = np.asarray([str(v) for v in ds[id_column]]) if id_column else None
     return np.concatenate(xs), y, len(names), ids
 
