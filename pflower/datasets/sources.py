@@ -100,7 +100,10 @@ def read_idx(path: Path) -> np.ndarray:
     expected = math.prod(dims)  # Python's integers: dims near 2**32 cannot wrap around to the file's length
     if len(raw) - header != expected:
         raise DataError(f"{path} is truncated or corrupt: header says {expected} bytes of data, file has {len(raw) - header}")
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+    try:
+        return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+    except ValueError:  # no data, but dims past what an array can have: (0, 2**32 - 1, 2**32 - 1)
+        raise DataError(f"{path} is corrupt: its header's dims {list(dims)} are past what an array can hold") from None
 
 
 def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
