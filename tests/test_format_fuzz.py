@@ -128,7 +128,7 @@ def idx_holds(path: Path) -> np.ndarray | None:
     if len(raw) < 4 or raw[:3] != b"\0\0\x08" or len(raw) < 4 + 4 * raw[3]:
         return None
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(raw[3])]
-    if len(raw) != 4 + 4 * raw[3] + math.prod(dims):
+    if len(raw) != 4 + 4 * raw[3] + math.prod(dims) or math.prod(d for d in dims if d) >= 2**63:  # no array has those dims
         return None
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
 
@@ -142,24 +142,29 @@ def write_idx_split(folder: Path, stem: str, gz: bool, n: int) -> None:
 
 
 IDX_FILES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-#: The damages of an IDX file: its bytes, its gzip body, one header dim set to a value, or every
-#: split rewritten well-formed with another number of images (0 to 12 each).
+IDX_DIMS = [0, 1, 4, 11, 13, 27, 28, 29, 255, 2**31, 2**32 - 1]
+#: The damages of an IDX file: its bytes, its gzip body, one header dim set to a value, the file
+#: replaced by a header of other dims and as many bytes as their product modulo 2**64 (what
+#: int64 arithmetic would expect), or every split rewritten well-formed with 0 to 12 images.
 IDX_DAMAGE = st.one_of(
     st.tuples(st.just("bytes"), BYTE_DAMAGE),
     st.tuples(st.just("compressed"), BYTE_DAMAGE),
-    st.tuples(st.just("dim"), st.integers(0, 2), st.sampled_from([0, 1, 11, 13, 27, 29, 255, 2**31, 2**32 - 1])),
+    st.tuples(st.just("dim"), st.integers(0, 2), st.sampled_from(IDX_DIMS)),
+    st.tuples(st.just("claim"), st.lists(st.sampled_from(IDX_DIMS), min_size=1, max_size=4).map(tuple)),
     st.tuples(st.just("count"), st.integers(0, 12), st.integers(0, 12)),
 )
 
 
 @FUZZ
 @given(layout=st.sampled_from(["torchvision", "flat"]), gz=st.booleans(), target=st.sampled_from(IDX_FILES), how=IDX_DAMAGE)
-@example(layout="flat", gz=True, target="train-images-idx3-ubyte", how=("compressed", ("overwrite", 0.5, b"\xff" * 8)))  # a corrupt gzip body
+@example(layout="flat", gz=True, target="train-images-idx3-ubyte", how=("compressed", ("header", 10, b"\xff")))  # a corrupt gzip body (zlib.error)
 @example(layout="torchvision", gz=False, target="t10k-images-idx3-ubyte", how=("dim", 0, 0))  # a header saying 0 images
 @example(layout="flat", gz=False, target="t10k-labels-idx1-ubyte", how=("dim", 0, 2**31))  # 2**31 labels claimed
-@example(layout="torchvision", gz=True, target="train-images-idx3-ubyte", how=("dim", 1, 2**32 - 1))  # dims whose product wraps in int64
+@example(layout="flat", gz=True, target="train-images-idx3-ubyte", how=("claim", (2**31, 2**31, 4)))  # dims whose product wraps to 0 in int64
+@example(layout="flat", gz=False, target="t10k-images-idx3-ubyte", how=("claim", (0, 2**32 - 1, 2**32 - 1)))  # no data, dims no array can have
 @example(layout="flat", gz=False, target="train-images-idx3-ubyte", how=("count", 0, 0))  # no images in any split
-@example(layout="flat", gz=False, target="t10k-images-idx3-ubyte", how=("dim", 1, 27))  # splits of two image sizes
+@example(layout="flat", gz=False, target="t10k-images-idx3-ubyte", how=("claim", (12, 27, 28)))  # splits of two image sizes
+@example(layout="torchvision", gz=True, target="t10k-images-idx3-ubyte", how=("claim", (12, 28, 27)))
 def test_idx_files(tmp_path, layout, gz, target, how):
     root = fresh(tmp_path)
     write_idx_family(root, "KMNIST", gz=gz)
@@ -176,8 +181,13 @@ def test_idx_files(tmp_path, layout, gz, target, how):
         write_idx_split(folder, "t10k", gz, how[2])
     elif kind == "compressed":
         damage_file(path, how[1])
-    elif kind == "bytes":
-        content = damage(raw, how[1])
+    elif kind in ("bytes", "claim"):
+        wrapped = math.prod(how[1]) % 2**64 if kind == "claim" else 0
+        content = (
+            damage(raw, how[1])
+            if kind == "bytes"
+            else bytes([0, 0, 8, len(how[1])]) + b"".join(d.to_bytes(4, "big") for d in how[1]) + bytes(min(wrapped, 10**5))
+        )
         path.write_bytes(gzip.compress(content) if gz else content)
     else:
         i = min(how[1], raw[3] - 1)  # a dim the file has (a label file has one)
@@ -188,7 +198,7 @@ def test_idx_files(tmp_path, layout, gz, target, how):
         x, y = (idx_holds(folder / f"{stem}-{k}{'.gz' if gz else ''}") for k in ("images-idx3-ubyte", "labels-idx1-ubyte"))
         splits.append((x, y) if x is not None and y is not None and x.ndim == 3 and y.ndim == 1 and len(x) == len(y) else None)
     valid = all(splits) and sum(len(s[1]) for s in splits) > 0
-    strict, named = kind in ("dim", "count"), path.name if kind != "count" else "train-images-idx3-ubyte"
+    strict, named = kind in ("dim", "claim", "count"), path.name if kind != "count" else "train-images-idx3-ubyte"
     if layout == "torchvision":
         valid = valid and all(s[0].shape[1:] == (28, 28) and (s[1] < 10).all() for s in splits)
         expected = (np.concatenate([s[0] for s in splits])[:, None], np.concatenate([s[1] for s in splits]).astype(np.int64)) if valid else None
@@ -352,6 +362,7 @@ CIFAR_CHANGES: dict[str, Callable[[dict], object]] = {
 @example(target="train", how=("content", "a pickled int"))  # a CIFAR batch that is a pickled int
 @example(target="test", how=("content", "fewer labels"))  # fewer labels than images
 @example(target="train", how=("content", "empty"))
+@example(target="test", how=("content", "label -1"))  # refused naming the batch, not only the root
 @example(target="train", how=("bytes", ("header", 2, b"\x8e\xff\xff\xff\xff\xff\x00\x00\x00")))  # 2**40 bytes claimed
 def test_cifar_batches(tmp_path, target, how):
     root = fresh(tmp_path)
@@ -653,7 +664,7 @@ HF_CHANGE = st.one_of(
 @example(layout="dict", base="L", row=0, how=("change", ("empty",)))  # an empty save_to_disk set
 @example(layout="disk", base="RGB", row=1, how=("change", ("mode", "P")))  # a palette image reads as its colors
 @example(layout="parquet", base="RGB", row=3, how=("change", ("mode", "CMYK")))
-@example(layout="disk", base="L", row=4, how=("bytes", ("overwrite", 0.5, b"\xff\xff\xff\x7f")))
+@example(layout="disk", base="L", row=4, how=("bytes", ("overwrite", 0.44, b"\xff\xff\xff\x7f")))  # an offset past the file: Arrow read out of bounds (SIGBUS)
 def test_huggingface_sets(tmp_path, layout, base, row, how):
     import datasets
 
