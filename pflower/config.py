@@ -11,6 +11,7 @@ becomes one :class:`ConfigError` that names the key, the value and what is allow
 from __future__ import annotations
 
 import difflib
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -323,6 +324,24 @@ class Settings(BaseModel):
         return {**self.model_dump(by_alias=True, exclude={"params"}), **own}
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _pool_bytes(s: Settings) -> int:
+    """Memory an image folder takes decoded at ``image-size`` in one process: its uint8 cache and
+    the float32 pool (5 bytes a value), for every file of the tree."""
+    from pflower.datasets.folder import index_folder
+
+    c, h, w = s.image_shape
+    return len(index_folder(s.data_path).files) * c * h * w * 5
+
+
 @lru_cache(maxsize=8)
 def _folder_shape(root: str, image_size: int) -> tuple[tuple[int, int, int], int]:
     from pflower.datasets.folder import folder_shape
@@ -395,6 +414,14 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("state-dir", s.state_dir, "is a file; name a folder (it is created if missing)"))
     if s.image_size and not s.reads_folder and not s.node_data:
         problems.append(("image-size", s.image_size, "only for image folders (dataset 'imagefolder', or CIFAR given as a folder tree)"))
+    elif s.image_size and s.reads_folder and (need := _pool_bytes(s)) > (have := machine_memory()):
+        problems.append(
+            (
+                "image-size",
+                s.image_size,
+                f"{_size(need)} to hold the decoded images at this size, the machine has {_size(have)}; choose a smaller image-size",
+            )
+        )
     if s.samples_per_client and s.partition not in ("pathological", "dominant", "label-groups"):
         problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological', 'dominant' or 'label-groups' (0: use the whole pool)"))
     if s.partition == "pathological" and 0 < s.samples_per_client < s.classes_per_client:

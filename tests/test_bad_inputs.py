@@ -70,3 +70,19 @@ def test_download_without_a_network_is_one_line_naming_download(tmp_path, monkey
     monkeypatch.setattr(socket.socket, "connect", offline)
     with pytest.raises(DataError, match="download=true: cifar10 could not be fetched into .*; offline, put torchvision's files there and set download=false"):
         load_cifar("cifar10", tmp_path, download=True)
+
+
+def test_an_image_size_whose_decoded_folder_exceeds_the_machine_is_refused(tmp_path, monkeypatch):
+    """6 files of 3x1024x1024 take 90 MiB decoded: refused on a machine of 64 MiB, naming the need."""
+    from pflower import config
+
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    cfg = run_config(dataset="imagefolder", data_dir=str(_tree(tmp_path / "t")), image_size=1024, classes_per_client=2)
+    monkeypatch.setattr(config, "machine_memory", lambda: 64 * 2**20)
+    with pytest.raises(
+        ConfigError,
+        match="'image-size' = 1024 is not allowed: 90 MiB to hold the decoded images at this size, the machine has 64 MiB; choose a smaller image-size",
+    ):
+        load_settings(cfg)
+    monkeypatch.setattr(config, "machine_memory", lambda: 2**30)
+    assert load_settings(cfg).image_shape == (3, 1024, 1024)
