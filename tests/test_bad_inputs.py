@@ -86,3 +86,14 @@ def test_an_image_size_whose_decoded_folder_exceeds_the_machine_is_refused(tmp_p
         load_settings(cfg)
     monkeypatch.setattr(config, "machine_memory", lambda: 2**30)
     assert load_settings(cfg).image_shape == (3, 1024, 1024)
+
+
+def test_a_file_name_that_is_not_utf8_reads_like_any_other(tmp_path, monkeypatch):
+    """Linux file names are bytes: one that is not UTF-8 is decoded and cached like the others."""
+    import os
+
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    root = _tree(tmp_path / "t")
+    Image.new("RGB", (8, 8), (9, 2, 3)).save(os.fsdecode(bytes(root / "train" / "a") + b"/caf\xe9.png"))
+    x, y, classes = F.load_folder(root)
+    assert x.shape == (7, 3, 8, 8) and y.tolist() == [0, 0, 0, 0, 1, 1, 1] and F.load_folder(root)[0].shape == x.shape

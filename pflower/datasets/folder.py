@@ -49,7 +49,7 @@ class FolderIndex:
         h = hashlib.sha256(f"{image_size}\n{DECODER}\n".encode())
         for _split, label, path in self.files:
             st = path.stat()
-            h.update(f"{path.relative_to(self.root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+            h.update(os.fsencode(path.relative_to(self.root)) + f"\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())  # a name's bytes, UTF-8 or not
         return h.hexdigest()[:24]
 
 
