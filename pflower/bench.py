@@ -74,15 +74,26 @@ def run_config_string(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
 
 
-def load_suite(path: Path, name: str) -> tuple[dict, list[Run]]:
-    """The suite ``name`` of ``path`` and its runs, in order."""
+#: Where the suites' data folders are when ``--data-root`` is not given.
+DATA_ENV = "PFLOWER_DATA"
+
+
+def data_root(given: Path | None = None) -> Path:
+    """The folder the suites' relative ``data-dir`` values name folders in: ``given``, else
+    ``$PFLOWER_DATA``, else ``~/pflower-data``."""
+    return (given or Path(os.environ.get(DATA_ENV) or Path.home() / "pflower-data")).expanduser().resolve()
+
+
+def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, list[Run]]:
+    """The suite ``name`` of ``path`` and its runs, in order; a relative ``data-dir`` is a folder
+    under the data root :func:`data_root` (``data``)."""
     suites = tomllib.loads(path.read_text())
     if name not in suites:
         raise SystemExit(f"suite '{name}' not in {path}; it has: {', '.join(suites)}")
     suite = suites[name]
     common = dict(suite.get("common", {}))
     if "data-dir" in common and not Path(common["data-dir"]).is_absolute():
-        common["data-dir"] = str((path.parent / common["data-dir"]).resolve())
+        common["data-dir"] = str(data_root(data) / common["data-dir"])
     runs = []
     for grid in suite["grid"]:
         if grid.get("examples"):  # every declared method with its declaration's example keys
@@ -350,8 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, default=RECORDS, help="where the runs' records go, the report's only input (default: bench/records, committed)")
     p.add_argument("--page", type=Path, help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it)")
     p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")
+    p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     args = p.parse_args(argv)
-    suite, runs = load_suite(args.file, args.suite)
+    suite, runs = load_suite(args.file, args.suite, args.data_root)
+    needed = sorted({r.config["data-dir"] for r in runs if "data-dir" in r.config and not Path(r.config["data-dir"]).exists()})
+    if needed and not args.report_only:
+        raise SystemExit(
+            f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
+        )
     results, records = args.results.resolve(), args.records.resolve()
     if args.report_only:
         for run in runs:  # finished results-dirs of this machine get their records; nothing runs

@@ -40,7 +40,7 @@ def test_suite_file_expands_to_runs(tmp_path):
 @pytest.mark.skipif(not (SHARED_DATA / "cifar10-jpg").is_dir(), reason="shared data sets not present")
 @pytest.mark.parametrize("name", list(tomllib.loads(PROJECT_SUITES.read_text())))
 def test_every_run_of_the_projects_suites_is_a_valid_config(name):
-    suite, runs = load_suite(PROJECT_SUITES, name)
+    suite, runs = load_suite(PROJECT_SUITES, name, SHARED_DATA)
     assert runs and len({(r.grid, r.label, r.seed) for r in runs}) == len(runs)
     assert {r.grid for r in runs} == {g["name"] for g in suite["grid"]}
     for run in runs:
@@ -236,3 +236,32 @@ def test_a_record_says_what_machine_made_it():
     assert set(info) == {"cpu", "cpus", "gpus", "python", "torch", "flwr"} and info["cpus"] >= 1 and info["flwr"] == "1.39.0"
     record = make_record({"config": {}, "final": {}, "rounds": []}, 3.0, 2, info)
     assert record["bench"] == {"wall-seconds": 3.0, "clients": 2, "machine": info}
+
+
+def test_a_suites_data_is_found_under_the_data_root_and_its_absence_is_named(tmp_path, monkeypatch):
+    """A relative data-dir is a folder under --data-root, else $PFLOWER_DATA, else ~/pflower-data;
+    a suite whose folder is not there stops before any run, naming the folder and both ways on."""
+    from pflower.bench import DATA_ENV, main
+
+    (tmp_path / "suites.toml").write_text(SUITE.replace("[tiny.common]", '[tiny.common]\ndata-dir = "mnist"'))
+    monkeypatch.delenv(DATA_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert {r.config["data-dir"] for r in load_suite(tmp_path / "suites.toml", "tiny")[1]} == {str(tmp_path / "home" / "pflower-data" / "mnist")}
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "env"))
+    assert {r.config["data-dir"] for r in load_suite(tmp_path / "suites.toml", "tiny")[1]} == {str(tmp_path / "env" / "mnist")}
+    runs = load_suite(tmp_path / "suites.toml", "tiny", tmp_path / "given")[1]
+    assert {r.config["data-dir"] for r in runs} == {str(tmp_path / "given" / "mnist")}
+    with pytest.raises(SystemExit, match=f"suite 'tiny' reads {tmp_path / 'given' / 'mnist'}, which is not there: .*--data-root DIR \\(or \\${DATA_ENV}\\)"):
+        main(
+            [
+                "tiny",
+                "--file",
+                str(tmp_path / "suites.toml"),
+                "--data-root",
+                str(tmp_path / "given"),
+                "--results",
+                str(tmp_path / "r"),
+                "--records",
+                str(tmp_path / "rec"),
+            ]
+        )
