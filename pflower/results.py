@@ -45,8 +45,8 @@ def write_json(path: Path, doc: dict[str, Any], indent: int | None = None) -> Pa
     return path
 
 
-def _mb(n: int) -> str:
-    return f"{n / 2**20:.2f} MB"
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
 
 
 class Recorder:
@@ -105,8 +105,8 @@ class Recorder:
             row["round"],
             self.num_rounds,
             quality,
-            _mb(row["bytes-down"]),
-            _mb(row["bytes-up"]),
+            _mib(row["bytes-down"]),
+            _mib(row["bytes-up"]),
             row["wall-seconds"],
             f" | rejected {rejected}" if rejected else "",
         )
