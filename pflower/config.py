@@ -527,6 +527,13 @@ def check_server(s: Settings) -> None:
         probe.unlink()
     except OSError as err:
         raise ConfigError([("results-dir", s.results_dir, f"must be a directory the server can write ({err.strerror or err})")]) from None
+    check_held(s)
+
+
+def check_held(s: Settings) -> None:
+    """ConfigError if ``results-dir`` holds another run and the settings neither continue nor
+    replace it."""
+    path = s.results_path
     if (held := held_run(path)) and not s.overwrite and not s.continues_in_place:
         raise ConfigError([("results-dir", s.results_dir, f"{path} holds another run ({', '.join(held)}): choose another results-dir, "
                             f"continue that run with resume-from='{s.results_dir}', or replace it with overwrite=true")])  # fmt: skip

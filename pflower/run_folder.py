@@ -8,8 +8,16 @@ could no longer be read or resumed. This module imports neither torch nor matplo
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no claim there
+    fcntl = None
 
 METRICS = "metrics.json"
 CHECKPOINT = "checkpoint.pt"
@@ -38,3 +46,32 @@ def clear_run(folder: Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+class FolderBusyError(RuntimeError):
+    """Another process runs into this results-dir now."""
+
+
+@contextmanager
+def claimed(folder: Path) -> Iterator[None]:
+    """Hold ``folder`` for one run while the block runs: an exclusive lock on the folder itself,
+    released when the block ends or the process dies (a killed run leaves no stale claim).
+    FolderBusyError if another run holds it: two runs started at once into one folder both
+    passed the check for another run's files (neither had written one yet) and wrote over
+    each other. A file system without locks claims nothing."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0 and fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise FolderBusyError(f"{folder} is being written by another run now: choose another results-dir, or wait for that run to end") from None
+            except OSError:
+                pass
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)

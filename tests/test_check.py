@@ -122,3 +122,20 @@ def test_a_run_resumed_in_its_own_folder_goes_on_there(tmp_path, overwrite):
     _serve(_small(tmp_path, method="fedavg", num_server_rounds=3, resume_from=str(tmp_path), overwrite=overwrite))
     doc = json.loads((tmp_path / "metrics.json").read_text())
     assert [r["round"] for r in doc["rounds"]] == [1, 2, 3]
+
+
+def test_a_run_into_a_folder_another_run_is_writing_now_is_refused(tmp_path):
+    """Two runs started at once into one folder both passed the check for another run's files
+    (neither had written one yet) and wrote over each other: the second finished "completed"
+    with its metrics lost. The ServerApp holds its results-dir while it runs; a run that finds it
+    held is refused and writes nothing. The claim ends with the run (or its process)."""
+    from pflower.run_folder import FolderBusyError, claimed
+
+    with claimed(tmp_path):
+        with pytest.raises(FolderBusyError, match="being written by another run"):
+            _serve(_small(tmp_path, method="fedavg"))
+        assert list(tmp_path.iterdir()) == []
+    _serve(_small(tmp_path, method="fedavg"))
+    assert (tmp_path / "metrics.json").is_file()
+    with claimed(tmp_path):  # released when the run ended
+        pass

@@ -11,15 +11,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
-from pflower.config import ConfigError, check_data, check_server, load_settings
+from pflower.config import ConfigError, check_data, check_held, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
-from pflower.run_folder import clear_run
+from pflower.run_folder import FolderBusyError, claimed, clear_run
 from pflower.strategies.federation import Federation, NoClientsError
 from pflower.strategies.loop import RoundFailedError
 
 #: Failures whose message says everything: logged as one ERROR line, without a traceback.
-CLEAR_FAILURES = (ConfigError, RoundFailedError, NoClientsError)
+CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError)
 
 app = ServerApp()
 
@@ -43,21 +43,23 @@ def main(grid: Grid, context: Context) -> None:
     try:
         settings = load_settings(context.run_config)
         check_server(settings)
-        check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
-        checkpoint = load_checkpoint(settings) if settings.resume_from else None
-        if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
-            log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
-        if settings.node_data:  # the nodes say what their data is; the server opens no data file
-            federation = Federation(settings.seed)
-            federation.discover(grid, settings.round_timeout)
-            shape, names = federation.agree_on_data()
-            log(INFO, "Nodes' own data: images %s, %d classes (%s)", shape, len(names), ", ".join(names[:12]))
-            strategy = build_strategy(settings, shape, len(names))
-            strategy.federation = federation
-            config = ConfigRecord({CLASS_NAMES: names})
-            strategy.start(grid=grid, checkpoint=checkpoint, train_config=config, evaluate_config=config)
-        else:
-            build_strategy(settings).start(grid=grid, checkpoint=checkpoint)
+        with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
+            check_held(settings)
+            check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
+            checkpoint = load_checkpoint(settings) if settings.resume_from else None
+            if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
+                log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
+            if settings.node_data:  # the nodes say what their data is; the server opens no data file
+                federation = Federation(settings.seed)
+                federation.discover(grid, settings.round_timeout)
+                shape, names = federation.agree_on_data()
+                log(INFO, "Nodes' own data: images %s, %d classes (%s)", shape, len(names), ", ".join(names[:12]))
+                strategy = build_strategy(settings, shape, len(names))
+                strategy.federation = federation
+                config = ConfigRecord({CLASS_NAMES: names})
+                strategy.start(grid=grid, checkpoint=checkpoint, train_config=config, evaluate_config=config)
+            else:
+                build_strategy(settings).start(grid=grid, checkpoint=checkpoint)
     except CLEAR_FAILURES as err:  # bad keys or resume-from, too few valid replies, no clients
         log(ERROR, "%s", err)
         raise
