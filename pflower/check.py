@@ -27,6 +27,17 @@ def app_run_config(app: Path, overrides: str = "") -> dict:
     return {**defaults, **parse_config_args([overrides] if overrides else None)}
 
 
+def client_count(text: str) -> int:
+    """A ``--num-clients`` value: a whole number of at least 1, else ArgumentTypeError."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of clients: a whole number of at least 1")
+    return n
+
+
 def is_pflower_app(app: Path) -> bool:
     project = tomllib.loads((app / "pyproject.toml").read_text())
     return project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("serverapp") == "pflower.server_app:app"
@@ -55,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-check", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, as for flwr run")
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
-    p.add_argument("--num-clients", type=int, default=None, help="the federation's size: its partition is checked too")
+    p.add_argument("--num-clients", type=client_count, default=None, help="the federation's size: its partition is checked too")
     args = p.parse_args(argv)
     if (why := check(args.app, args.run_config, args.num_clients)) is not None:
         print(f"pflower-check: {why}", file=sys.stderr)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pflower.check import client_count
 from pflower.processes import console_script, free_port, stop, wait_for_port
 
 #: Set for every Flower process. Ray's RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO stays unset: Ray then
@@ -204,7 +205,7 @@ def _exit_on_sigterm(signum: int, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-sim", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, e.g. \"method='fedprox' lr=0.01\"")
-    p.add_argument("--num-clients", type=int, default=10, help="virtual SuperNodes (clients)")
+    p.add_argument("--num-clients", type=client_count, default=10, help="virtual SuperNodes (clients)")
     p.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per ClientApp")
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
                    help="GPU share per ClientApp: 0 (CPU only; the ClientApps see no GPU), a whole number, or 0.5, 0.25, 0.125, ...")  # fmt: skip

@@ -139,3 +139,13 @@ def test_a_run_into_a_folder_another_run_is_writing_now_is_refused(tmp_path):
     assert (tmp_path / "metrics.json").is_file()
     with claimed(tmp_path):  # released when the run ended
         pass
+
+
+@pytest.mark.parametrize("n", ["0", "-1", "two"])
+def test_a_number_of_clients_below_one_is_refused_by_its_option(n, capsys):
+    """--num-clients 0 or -1 ended in a traceback of the partition (min() of an empty sequence,
+    negative dimensions) in pflower-check and pflower-sim: argparse now refuses it."""
+    for entry in (main, launcher.main):
+        with pytest.raises(SystemExit) as exit_:
+            entry(["--num-clients", n])
+        assert exit_.value.code == 2 and "not a number of clients" in capsys.readouterr().err
