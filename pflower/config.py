@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from pflower.methods import MethodParams, declarations
-from pflower.run_folder import held_run
+from pflower.run_folder import CHECKPOINT, held_run
 
 if TYPE_CHECKING:  # the data modules import torch, which the configuration does not need
     from pflower.datasets.sources import Source
@@ -535,8 +535,9 @@ def check_held(s: Settings) -> None:
     replace it."""
     path = s.results_path
     if (held := held_run(path)) and not s.overwrite and not s.continues_in_place:
+        go_on = f"continue that run with resume-from='{s.results_dir}', or " if CHECKPOINT in held else ""
         raise ConfigError([("results-dir", s.results_dir, f"{path} holds another run ({', '.join(held)}): choose another results-dir, "
-                            f"continue that run with resume-from='{s.results_dir}', or replace it with overwrite=true")])  # fmt: skip
+                            f"{go_on}replace it with overwrite=true")])  # fmt: skip
 
 
 def check_data(s: Settings, num_clients: int | None = None) -> None:

@@ -74,7 +74,8 @@ def test_a_run_into_a_folder_holding_another_run_is_refused_and_changes_nothing(
     old = {name: f"old {name}".encode() for name in held}
     for name, data in old.items():
         (tmp_path / name).write_bytes(data)
-    why = f"{tmp_path} holds another run ({', '.join(held)}): choose another results-dir, continue that run with resume-from='{tmp_path}', or replace it with overwrite=true"
+    go_on = f"continue that run with resume-from='{tmp_path}', or " if "checkpoint.pt" in held else ""  # no checkpoint: nothing to resume
+    why = f"{tmp_path} holds another run ({', '.join(held)}): choose another results-dir, {go_on}replace it with overwrite=true"
     assert f"'results-dir' = '{tmp_path}' is not allowed: {why}" in check(ROOT, f"results-dir='{tmp_path}'")
     monkeypatch.setattr(launcher, "simulate", lambda *a, **k: pytest.fail("pflower-sim started a simulation"))
     assert launcher.main(["-c", f"results-dir='{tmp_path}'"]) == 2 and why in capsys.readouterr().err
