@@ -262,3 +262,23 @@ def in_process_rounds(cfg: dict, results: Path, num_clients: int = 3) -> list[di
     build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, num_clients))
     doc = json.loads((results / "metrics.json").read_text())
     return [{k: v for k, v in r.items() if "seconds" not in k} for r in doc["rounds"]]
+
+
+def assert_quickstart_run(doc: dict, net, strategy: str) -> None:
+    """What examples/quickstart's ServerApp promises in its metrics.json (``net``: the client's
+    ``Net``): initial_arrays reach evaluate_fn before round 1 and every client in round 1,
+    evaluate_fn runs after every round; pFedLA evaluates every 2nd round with half the 4 clients
+    and all in the last, FedAvg every round, training 3 of them."""
+    import torch
+
+    torch.manual_seed(42)
+    norm = float(torch.cat([p.detach().flatten() for p in net().parameters()]).norm())
+    rounds = doc["rounds"]
+    assert doc["initial-server-evaluation"]["norm"] == pytest.approx(norm)
+    assert rounds[0]["train-metrics"]["received-norm"] == pytest.approx(norm, rel=1e-6)
+    assert all("norm" in r["server-evaluation"] for r in rounds) and doc["num-clients"] == 4
+    if strategy == "pfedla":
+        assert [r["evaluated"] for r in rounds] == [0, 2, 4] and rounds[0]["accuracy"] is None
+        assert len(rounds[-1]["alpha"]) == 4 and rounds[-1]["sampled"] == 4
+    else:
+        assert [r["evaluated"] for r in rounds] == [4, 4, 4] and all(r["sampled"] == 3 for r in rounds)

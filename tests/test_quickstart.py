@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 import torch
-from conftest import ROOT, InProcessGrid
+from conftest import ROOT, InProcessGrid, assert_quickstart_run
 from flwr.app import ArrayRecord, ConfigRecord
 
 from pflower.records import from_record
@@ -90,15 +90,4 @@ def test_the_readmes_serverapp_runs_both_its_strategies(tmp_path, monkeypatch, s
     spec.loader.exec_module(server)
     cfg = {"strategy": strategy, "num-server-rounds": 3, "results-dir": str(tmp_path)}
     server.app._main(InProcessGrid(client.app, {}, 4), Context(1, 0, {}, RecordDict(), cfg))
-    doc = json.loads((tmp_path / "metrics.json").read_text())
-    torch.manual_seed(42)
-    norm = float(torch.cat([p.detach().flatten() for p in client.Net().parameters()]).norm())
-    rounds = doc["rounds"]
-    assert doc["initial-server-evaluation"]["norm"] == pytest.approx(norm)
-    assert rounds[0]["train-metrics"]["received-norm"] == pytest.approx(norm, rel=1e-6)
-    assert all("norm" in r["server-evaluation"] for r in rounds) and doc["num-clients"] == 4
-    if strategy == "pfedla":
-        assert [r["evaluated"] for r in rounds] == [0, 2, 4] and rounds[0]["accuracy"] is None
-        assert len(rounds[-1]["alpha"]) == 4 and rounds[-1]["sampled"] == 4
-    else:
-        assert [r["evaluated"] for r in rounds] == [4, 4, 4] and all(r["sampled"] == 3 for r in rounds)
+    assert_quickstart_run(json.loads((tmp_path / "metrics.json").read_text()), client.Net, strategy)
