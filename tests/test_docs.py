@@ -86,3 +86,25 @@ def test_the_hook_fills_every_marker_and_refuses_an_unknown_one():
 def test_the_readme_is_a_five_minute_read():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
+
+
+def _lists_glued_to_a_paragraph(text: str) -> list[int]:
+    """Lines that start a bulleted list right after a paragraph line: Python-Markdown renders them
+    as that paragraph with a literal ' - ' (a list needs a blank line before it)."""
+    glued, fence, prev = [], False, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fence, prev = not fence, ""
+            continue
+        item = re.match(r"[-*] ", line)
+        in_list = re.match(r"\s*([-*]|\d+\.) ", prev) or prev.startswith("  ")
+        if not fence and item and prev.strip() and not in_list and not prev.lstrip().startswith(("|", "<!--", "#", ">", "    ")):
+            glued.append(number)
+        prev = "" if fence else line
+    return glued
+
+
+def test_no_list_is_glued_to_the_paragraph_before_it():
+    assert _lists_glued_to_a_paragraph("text\n- item\n") == [2] and _lists_glued_to_a_paragraph("text\n\n- item\n- next\n  more\n- last\n") == []
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    assert {str(p.relative_to(ROOT)): lines for p in pages if (lines := _lists_glued_to_a_paragraph(p.read_text()))} == {}
