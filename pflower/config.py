@@ -551,17 +551,12 @@ def check_data(s: Settings, num_clients: int | None = None) -> None:
     from pflower.datasets.partition import PartitionError
     from pflower.datasets.sources import DataError
 
-    loaded = federated._pool.cache_info().currsize
     try:
         federated.check_data(s, num_clients)
     except PartitionError as err:
         raise ConfigError([("partition", s.partition, str(err))]) from None
     except (DataError, FolderError, OSError) as err:
         raise ConfigError([("data-dir", s.data_dir, str(err))]) from None
-    finally:  # the ServerApp trains on no pool: one the check loaded is not held all run long
-        if federated._pool.cache_info().currsize > loaded:
-            federated._pool.cache_clear()
-            federated.federated_indices.cache_clear()
 
 
 def known_keys() -> list[str]:

@@ -97,11 +97,11 @@ def test_a_federation_trains_on_an_image_folder(tree, grid_factory, tmp_path):
 @pytest.mark.parametrize("kind", ["I;16 png", "I tiff", "F tiff"])
 def test_deep_grayscale_is_scaled_to_eight_bits_not_clipped(tmp_path, monkeypatch, kind):
     """A 16-bit PNG (PIL mode I;16), a 32-bit integer TIFF (I) and a float TIFF (F) read as their
-    values over 65535 (integers) or 1 (floats) times 255, rounded; a value past that range is
-    refused naming the file. A cache decoded by an older decoder is not read again."""
+    values over their mode's white (65535, 255 and 1: F.DEEP_TOP) times 255, rounded; a value
+    past that range is refused naming the file. A cache decoded by an older decoder is not read again."""
     monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
     mode, ext = kind.split()
-    top = 1.0 if mode == "F" else 65535
+    top = F.DEEP_TOP[mode]
     ramp = np.linspace(0, top, 64).reshape(8, 8)
     a = ramp.astype(np.float32 if mode == "F" else np.uint16 if mode == "I;16" else np.int32)
     root = tmp_path / "deep"
@@ -116,7 +116,7 @@ def test_deep_grayscale_is_scaled_to_eight_bits_not_clipped(tmp_path, monkeypatc
     monkeypatch.setattr(F, "DECODER", F.DECODER - 1)
     assert F.index_folder(root).key(0) != key
     over = a.copy()
-    over[0, 0] = 1.5 if mode == "F" else -1 if mode == "I" else 0
+    over[0, 0] = 1.5 if mode == "F" else 256 if mode == "I" else 0
     if mode == "I;16":
         return  # its type holds nothing outside 0-65535
     Image.fromarray(over).save(root / "train" / "1" / f"x.{ext}")

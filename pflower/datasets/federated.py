@@ -78,8 +78,9 @@ def check_data(settings: Settings, num_clients: int | None = None) -> None:
     """Open the data as every client will and check what they would find: images of the shape
     and classes the server builds its model for, finite values, every label in range, no class
     without samples and, given the number of clients, a partition that leaves each client
-    samples. DataError or PartitionError naming the data and the problem."""
-    pool = pool_for(settings)
+    samples. DataError or PartitionError naming the data and the problem. Nothing is cached: the
+    ServerApp checks a pool it never trains on."""
+    pool = load_pool(settings.source)
     where = settings.data_dir or settings.dataset
     if len(pool.y) == 0:
         raise S.DataError(f"{where}: the data set holds no images")
@@ -94,7 +95,7 @@ def check_data(settings: Settings, num_clients: int | None = None) -> None:
     if empty := np.flatnonzero(np.bincount(pool.y.numpy(), minlength=pool.num_classes) == 0).tolist():
         raise S.DataError(f"{where}: {len(empty)} of its {pool.num_classes} classes have no images (class {', '.join(map(str, empty[:10]))})")
     if num_clients is not None:
-        federated_indices(settings, num_clients)
+        split_indices(pool, num_clients, settings)
 
 
 def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
@@ -123,7 +124,11 @@ def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[n
 @lru_cache(maxsize=8)
 def federated_indices(settings: Settings, num_clients: int) -> FederatedIndices:
     """Partition the pool among ``num_clients`` and split every share into train and test."""
-    pool = pool_for(settings)
+    return split_indices(pool_for(settings), num_clients, settings)
+
+
+def split_indices(pool: Pool, num_clients: int, settings: Settings) -> FederatedIndices:
+    """:func:`federated_indices` of ``pool`` (uncached); PartitionError if a client gets under 2 samples."""
     labels = pool.y.numpy()
     parts, groups = partition_indices(pool, num_clients, settings)
     train, test = [], []

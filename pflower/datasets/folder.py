@@ -4,7 +4,8 @@ ImageFolder layout, decoded once and cached.
 Classes are the sorted folder names (of both splits); images are decoded with PIL (any format
 it reads) to 8 bits a channel, their channels and size taken from the files: one channel count
 and one size per data set, or ``image_size`` > 0 to resize every image to that square. 16-bit
-and 32-bit integer grayscale (PIL modes ``I;16``, ``I``) is scaled from 0-65535, float
+grayscale (PIL modes ``I;16*``) is scaled from 0-65535, 32-bit integer grayscale (``I``) from
+0-255 (:data:`DEEP_TOP`, which Hugging Face sets share), float
 grayscale (``F``) from [0, 1]; a value outside that range, a file that cannot be decoded, a
 size that differs without ``image_size``, or mixed channels stop with an error naming the file,
 a class folder without images (a class nothing teaches) one naming the folder.
@@ -78,6 +79,11 @@ def index_folder(root: Path) -> FolderIndex:
     return FolderIndex(root, tuple(classes), tuple(files))
 
 
+#: The value that is white in each grayscale mode deeper than 8 bits. 32-bit integers carry no
+#: bit depth, so they read as 8-bit values (as before) and a larger value is refused, not guessed.
+DEEP_TOP = {"I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I": 255.0, "F": 1.0}
+
+
 def _eight_bits(im, path: Path):
     """``im`` as an 8-bit image of mode L or RGB; deep grayscale scaled, not clipped."""
     from PIL import Image
@@ -86,9 +92,9 @@ def _eight_bits(im, path: Path):
         return im
     if im.mode in ("1", "LA"):
         return im.convert("L")
-    if im.mode.startswith("I") or im.mode == "F":
+    if im.mode in DEEP_TOP:
         a = np.asarray(im, dtype=np.float64)
-        top = 1.0 if im.mode == "F" else 65535.0
+        top = DEEP_TOP[im.mode]
         if not np.isfinite(a).all() or a.min(initial=0) < 0 or a.max(initial=0) > top:
             raise FolderError(f"image {path} (mode {im.mode}) holds values from {a.min()} to {a.max()}; deep grayscale is read as 0-{top:g}")
         return Image.fromarray(np.rint(a * (255.0 / top)).astype(np.uint8))

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pflower.datasets.folder import DEEP_TOP
 from pflower.datasets.sources import DataError, Pool, Source, _normalize
 
 #: The environment that keeps ``datasets`` and ``huggingface_hub`` off the network.
@@ -172,7 +173,7 @@ def _images(batch: Any, column: str, first: int, declared: np.dtype | None = Non
 
 #: The modes a decoded image keeps, with the value its type's top is (8-bit 255, 16-bit 65535,
 #: float and bilevel 1, 32-bit integers 255 as their arrays read); every other mode is converted.
-KEPT_MODES = {"1": 1.0, "L": 255.0, "RGB": 255.0, "I;16": 65535.0, "I;16B": 65535.0, "I;16L": 65535.0, "I": 255.0, "F": 1.0}
+KEPT_MODES = {"1": 1.0, "L": 255.0, "RGB": 255.0, **DEEP_TOP}
 
 
 def _decode_cell(cell: dict | None, column: str, row: int, mode: str | None) -> np.ndarray:
