@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import platform
+import re
 import time
 import tomllib
 from dataclasses import dataclass
@@ -177,15 +178,75 @@ def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
     return True
 
 
+def duration(seconds: float) -> str:
+    """A time left as a person reads it: '40 s', '12 min', '3 h 05 min'."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Eta:
+    """A suite's time left from its records' wall times per round: a run takes what a round of its
+    grid and label took (any seed), else of its grid, else of the suite, times its rounds; a run
+    under way, its elapsed time per round so far times its rounds left. No record yet: no estimate."""
+
+    def __init__(self, runs: list[Run], records: Path, suite: str) -> None:
+        self.per_round: dict[tuple[str, str], list[float]] = {}
+        for run in runs:
+            if (doc := load_record(run, records, suite)) is not None:
+                self.add(run, doc["bench"]["wall-seconds"])
+
+    def add(self, run: Run, wall: float) -> None:
+        self.per_round.setdefault((run.grid, run.label), []).append(wall / run.rounds)
+
+    def of(self, run: Run) -> float | None:
+        """The run's expected wall seconds, or None when the suite has no record."""
+        grid = [w for (g, _), ws in self.per_round.items() if g == run.grid for w in ws]
+        every = [w for ws in self.per_round.values() for w in ws]
+        per_round = self.per_round.get((run.grid, run.label)) or grid or every
+        return float(np.mean(per_round)) * run.rounds if per_round else None
+
+    def left(self, todo: list[Run], current: tuple[int, float] | None = None) -> str:
+        """Time left for ``todo``, whose first run has done ``current`` = (rounds, elapsed s)."""
+        total = 0.0
+        for k, run in enumerate(todo):
+            if k == 0 and current is not None and current[0] > 0:
+                total += current[1] / current[0] * (run.rounds - current[0])
+            elif (e := self.of(run)) is not None:
+                total += e - (current[1] if k == 0 and current is not None else 0.0)
+            else:
+                return "time left unknown until a run of this suite has a record"
+        return f"about {duration(max(total, 0.0))} left"
+
+
+#: The ServerApp's line for a round that ended (pflower/server_app), e.g. ``[round 3/20] accuracy``.
+ROUND_LINE = re.compile(r"\[round (\d+)/(\d+)\]")
+
+
+def status(runs: list[Run], results: Path, records: Path, suite: str) -> str:
+    """Runs done and left per grid, and the time left: what ``--status`` prints."""
+    todo = [r for r in runs if not finished(r, results, records, suite)]
+    lines = [f"suite '{suite}': {len(runs) - len(todo)} of {len(runs)} runs finished, {len(todo)} left; {Eta(runs, records, suite).left(todo)}"]
+    for grid in dict.fromkeys(r.grid for r in runs):
+        n = sum(r.grid == grid for r in runs)
+        lines.append(f"  {grid}: {n - sum(r.grid == grid for r in todo)} of {n}")
+    return "\n".join(lines)
+
+
 def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS) -> None:
-    """Run what has no record on one private simulation SuperLink; record each run as it ends."""
+    """Run what has no record on one private simulation SuperLink; record each run as it ends.
+    It prints runs done and left, each round of the run under way and the suite's time left."""
     todo = [r for r in runs if not finished(r, results, records, suite)]
     for run in todo:  # every run's config is checked before the first one starts
         try:
             load_settings(dict(run.config))
         except ConfigError as err:
             raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed}: {err}") from None
-    print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; running {len(todo)}", flush=True)
+    eta = Eta(runs, records, suite)
+    print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; running {len(todo)}; {eta.left(todo)}", flush=True)
     if not todo:
         return
     home = results / suite / ".flwr-home"  # per suite: two suites may run at once
@@ -195,13 +256,20 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
             d.mkdir(parents=True, exist_ok=True)
             clear_run(d)  # the bench's own folder of this run, cut short before: it starts again
             config = run_config_string({**run.config, "results-dir": str(d)})
-            print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}", flush=True)
+            print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}; {eta.left(todo[k - 1 :])}", flush=True)
             t0 = time.perf_counter()
-            _, status, log = submit(ROOT, home, config, num_clients=run.clients, echo=False)
+
+            def progress(line: str, run: Run = run, rest: list[Run] = todo[k - 1 :], t0: float = t0) -> None:
+                if found := ROUND_LINE.search(line):
+                    done, elapsed = int(found.group(1)), time.perf_counter() - t0
+                    print(f"    round {done}/{found.group(2)}, {duration(elapsed)}; suite {eta.left(rest, (done, elapsed))}", flush=True)
+
+            _, state, log = submit(ROOT, home, config, num_clients=run.clients, echo=False, on_line=progress)
             wall = time.perf_counter() - t0
             (d / "run.log").write_text(log)
-            if status != "finished:completed":
-                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{status}'; log in {d / 'run.log'}")
+            if state != "finished:completed":
+                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{state}'; log in {d / 'run.log'}")
+            eta.add(run, wall)
             write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine()})
             if not finished(run, results, records, suite):
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
@@ -361,15 +429,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, default=RECORDS, help="where the runs' records go, the report's only input (default: bench/records, committed)")
     p.add_argument("--page", type=Path, help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it)")
     p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")
+    p.add_argument("--status", action="store_true", help="print runs done and left per grid and the time left estimated from the records; run nothing")
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite, args.data_root)
     needed = sorted({r.config["data-dir"] for r in runs if "data-dir" in r.config and not Path(r.config["data-dir"]).exists()})
-    if needed and not args.report_only:
+    if needed and not (args.report_only or args.status):
         raise SystemExit(
             f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
         )
     results, records = args.results.resolve(), args.records.resolve()
+    if args.status:
+        print(status(runs, results, records, args.suite))
+        return 0
     if args.report_only:
         for run in runs:  # finished results-dirs of this machine get their records; nothing runs
             finished(run, results, records, args.suite)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -162,10 +162,12 @@ def submit(
     gpus: float = 0.0,
     echo: bool = True,
     connection: str = CONNECTION,
+    on_line: Callable[[str], None] | None = None,
 ) -> tuple[int, str, str]:
     """Submit one run to the running SuperLink and stream it to the end: (run id, status, log).
 
     ``num_clients`` sets the simulated federation; None for a deployment (real SuperNodes).
+    ``on_line`` sees each line of the run's log as it arrives (the bench's progress).
     """
     with tempfile.TemporaryDirectory(prefix="pflower-app-") as staged:
         cmd = [console_script("flwr"), "run", str(stage_app(app, Path(staged))), connection, "--stream"]
@@ -179,6 +181,8 @@ def submit(
             lines.append(line)
             if echo:
                 print(line, end="", flush=True)
+            if on_line is not None:
+                on_line(line)
         proc.wait()
     text = "".join(lines)
     found = re.search(r"Successfully started run (\d+)", text)

@@ -100,6 +100,29 @@ def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
 
 
+def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_path, capsys):
+    """`--status` runs nothing: runs done and left per grid, and the time left from the records
+    (a round of the same label, else of the grid, else of the suite, times the run's rounds); a
+    run under way counts its own elapsed time per round; no record at all: no estimate."""
+    from pflower.bench import Eta, duration
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results, records = tmp_path / "results", tmp_path / "records"
+    args = ["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--records", str(records), "--status"]
+    assert main(args) == 0
+    assert "0 of 4 runs finished, 4 left; time left unknown until a run of this suite has a record" in capsys.readouterr().out
+    _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)  # 10 s, 1 round
+    assert main(args) == 0
+    assert capsys.readouterr().out == "suite 'tiny': 1 of 4 runs finished, 3 left; about 30 s left\n  g: 1 of 4\n"
+    runs = load_suite(tmp_path / "suites.toml", "tiny")[1]
+    eta = Eta(runs, records, "tiny")
+    eta.add(runs[2], 40.0)  # fedavg-slow seed 0: 40 s a round
+    assert [eta.of(r) for r in runs] == [10.0, 10.0, 40.0, 40.0]
+    assert eta.left(runs[1:]) == "about 2 min left"  # 10 + 40 + 40 s
+    assert eta.left(runs[3:], (1, 5.0)) == "about 0 s left"  # its one round done: nothing left
+    assert [duration(s) for s in (40, 720, 3 * 3600 + 300)] == ["40 s", "12 min", "3 h 05 min"]
+
+
 def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, capsys):
     """SuPerFed's accuracy at the λ chosen on the test split (the paper's protocol) gets its own
     column; methods without one show a dash."""
@@ -122,6 +145,8 @@ def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, 
     suite, runs = load_suite(suite_file, "tiny")
     results, records = tmp_path / "results", tmp_path / "records"
     execute(runs, results, "tiny", records)
+    out = capsys.readouterr().out
+    assert "running 1; time left unknown" in out and "\n    round 1/1, " in out and "; suite about 0 s left\n" in out  # progress, then the time left
     doc = json.loads((runs[0].directory(results, "tiny") / "metrics.json").read_text())
     assert doc["config"]["lr"] == 0.01 and len(doc["rounds"]) == 1
     record = json.loads(runs[0].record(records, "tiny").read_text())
