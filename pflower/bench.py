@@ -8,8 +8,10 @@ round; no checkpoint or model), committed with the tables it produced; a run's f
 first run without a record. The report is built from the records alone: per grid a Markdown and
 a CSV table (mean +- std over seeds of the final mean and weighted accuracy, total bytes, wall
 time) and the accuracy-per-round and accuracy-vs-bytes figures, written into the docs page that
-holds the suite's block (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``; once every
-grid has records) with the figures in ``figures/SUITE/`` beside that page. ``--report-only`` on a fresh clone rebuilds them.
+holds the suite's block (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``; a grid
+without records shows the command that runs it) with the figures in ``figures/SUITE/`` beside
+that page, and the README's headline tables that use the suite (``bench/headlines.toml``).
+``--report-only`` on a fresh clone rebuilds them.
 """
 
 from __future__ import annotations
@@ -349,12 +351,17 @@ def suite_page(suite_name: str, docs: Path = DOCS) -> Path | None:
     return pages[0] if pages else None
 
 
+def no_record(suite_name: str, grid: dict) -> str:
+    """A grid's place on its page while it has no record: its title and the command that runs it."""
+    return f"#### {grid.get('title', grid['name'])}\n\nNo record yet: `pflower-bench {suite_name}` runs it.\n"
+
+
 def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir: Path, page: Path | None) -> str:
     """From the records alone: tables (Markdown, CSV in ``out_dir``) and figures per grid, and the
-    suite's block of ``page`` with the figures beside it (``figures/SUITE/`` next to the page)."""
+    suite's block of ``page`` with the figures beside it (``figures/SUITE/`` next to the page); a
+    grid without records shows its command instead of a table."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figure_dir = page.parent / "figures" / suite_name if page is not None else out_dir
-    figure_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     with open(out_dir / "table.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
@@ -362,12 +369,14 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
         for grid in suite["grid"]:
             rows = grid_rows([r for r in runs if r.grid == grid["name"]], records, suite_name)
             if not rows:
+                parts.append(no_record(suite_name, grid))
                 continue
             for r in rows:
                 acc = np.array(r["accuracy"])
                 writer.writerow([grid["name"], r["method"], r["seeds"], f"{acc.mean():.4f}", f"{acc.std(ddof=1) if len(acc) > 1 else 0:.4f}",
                                  f"{np.mean(r['weighted-accuracy']):.4f}", f"{np.mean(r['global-accuracy']):.4f}" if "global-accuracy" in r else "",
                                  f"{r['mb']:.2f}", f"{r['wall-s']:.1f}"])  # fmt: skip
+            figure_dir.mkdir(parents=True, exist_ok=True)
             figures = [figure_dir / f"{grid['name']}-accuracy.png", figure_dir / f"{grid['name']}-bytes.png"]
             plot_mean_accuracy({r["method"]: r["docs"] for r in rows}, figures[0], grid.get("title", grid["name"]))
             plot_comparison({r["method"]: r["docs"][0] for r in rows}, figures[1])
@@ -376,13 +385,74 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
     text = "\n".join(parts)
     (out_dir / "table.md").write_text(text)
     if page is not None:
-        start, end = f"<!-- bench:{suite_name}:start -->", f"<!-- bench:{suite_name}:end -->"
-        content = page.read_text()
-        if start not in content or end not in content:
-            raise SystemExit(f"{page} has no '{start}' ... '{end}' block")
-        head, rest = content.split(start, 1)
-        page.write_text(head + start + "\n" + text + rest[rest.index(end) :])
+        write_block(page, f"bench:{suite_name}", text)
     return text
+
+
+def write_block(page: Path, name: str, text: str) -> None:
+    """Replace what ``page`` holds between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    content = page.read_text()
+    if start not in content or end not in content:
+        raise SystemExit(f"{page} has no '{start}' ... '{end}' block")
+    head, rest = content.split(start, 1)
+    page.write_text(head + start + "\n" + text + rest[rest.index(end) :])
+
+
+#: The README's tables of the papers' numbers beside ours (``bench/headlines.toml``).
+HEADLINES = ROOT / "bench" / "headlines.toml"
+README = ROOT / "README.md"
+
+
+def headline(spec: dict, suites: Path, records: Path) -> str:
+    """One headline table from the records of the suites it names. A column with a ``suite`` is
+    measured (``value``: accuracy, global-accuracy, oracle-accuracy or mib; the row's label in
+    that suite's ``grid``); one without takes the row's next ``paper`` entry. A cell shows a
+    label the grid does not run as a dash, one without records as "no record yet", and fewer
+    seeds than declared as "(n of m seeds)"; a table with no measured cell recorded is its
+    commands instead."""
+    loaded = {}
+    for col in spec["columns"]:
+        if "suite" in col and col["suite"] not in loaded:
+            loaded[col["suite"]] = load_suite(suites, col["suite"])
+    lines = ["| " + " | ".join([spec.get("row-title", "method")] + [c["title"] for c in spec["columns"]]) + " |", "|" + " --- |" * (len(spec["columns"]) + 1)]
+    recorded = False
+    for row in spec["rows"]:
+        cells, papers = [row["title"]], iter(row.get("paper", []))
+        for col in spec["columns"]:
+            if "suite" not in col:
+                cells.append(next(papers, "—"))
+                continue
+            suite, runs = loaded[col["suite"]]
+            mine = [r for r in runs if r.grid == col["grid"] and r.label == row.get("label")]
+            found = [d for r in mine if (d := load_record(r, records, col["suite"])) is not None]
+            value = col.get("value", "accuracy")
+            if not mine:
+                cells.append("—")
+            elif not found:
+                cells.append("no record yet")
+            else:
+                recorded = True
+                if value == "mib":
+                    cell = f"{np.mean([(d['final']['bytes-down'] + d['final']['bytes-up']) / 2**20 for d in found]):.1f}"
+                else:
+                    cell = _mean_std([d["final"][value] for d in found])
+                cells.append(cell + (f" ({len(found)} of {len(mine)} seeds)" if len(found) < len(mine) else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    if not recorded:
+        commands = ", ".join(f"`pflower-bench {name}`" for name in loaded)
+        return f"No record yet: {commands} {'runs' if len(loaded) == 1 else 'run'} it.\n"
+    return "\n".join(lines) + "\n"
+
+
+def write_headlines(suite_name: str | None, suites: Path, records: Path, readme: Path = README, headlines: Path = HEADLINES) -> list[str]:
+    """Rewrite the README's headline tables that use ``suite_name`` (every one for None); their names."""
+    written = []
+    for name, spec in tomllib.loads(headlines.read_text()).items():
+        if suite_name is None or any(c.get("suite") == suite_name for c in spec["columns"]):
+            write_block(readme, f"headline:{name}", headline(spec, suites, records))
+            written.append(name)
+    return written
 
 
 def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "bench" / "suites.toml") -> str:
@@ -429,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, default=RECORDS, help="where the runs' records go, the report's only input (default: bench/records, committed)")
     p.add_argument("--page", type=Path, help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it)")
     p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")
+    p.add_argument("--readme", type=Path, help="the page with the headline tables of bench/headlines.toml (default: README.md, for the project's suite file)")
     p.add_argument("--status", action="store_true", help="print runs done and left per grid and the time left estimated from the records; run nothing")
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     args = p.parse_args(argv)
@@ -447,16 +518,16 @@ def main(argv: list[str] | None = None) -> int:
             finished(run, results, records, args.suite)
     else:
         execute(runs, results, args.suite, records)
-    if not any(load_record(r, records, args.suite) for r in runs):  # never blank a page's tables
-        raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")
     page = args.page or suite_page(args.suite)
-    missing = [g["name"] for g in suite["grid"] if not any(load_record(r, records, args.suite) for r in runs if r.grid == g["name"])]
-    if page is not None and missing:  # the page keeps its tables until every grid has records
-        print(f"grids without records: {', '.join(missing)}; {page} is left as it is", flush=True)
-        page = None
+    if page is None and not any(load_record(r, records, args.suite) for r in runs):
+        raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")
     print(report(args.suite, suite, runs, records, results / args.suite, page))
     if page is not None:
         print(f"tables written into {page}", flush=True)
+    if args.readme is not None or args.file == ROOT / "bench" / "suites.toml":
+        readme = args.readme or README
+        if names := write_headlines(args.suite, args.file, records, readme):
+            print(f"headline tables {', '.join(names)} written into {readme}", flush=True)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 import json
 import tomllib
+from itertools import takewhile
 
 import pytest
 
@@ -188,7 +189,9 @@ def test_a_record_or_results_dir_of_another_config_or_cut_short_is_not_finished(
     assert not finished(runs[1], results, records, "tiny")  # local seed1: no round
 
 
-def test_a_page_keeps_its_tables_until_every_grid_has_records(tmp_path, capsys):
+def test_a_grid_without_records_shows_its_command_and_no_table(tmp_path, capsys):
+    """Only records are published: a page's block is rebuilt from them every time, a grid without
+    any shows its title and the command that runs it, and nothing of the tables before survives."""
     (tmp_path / "suites.toml").write_text(SUITE + SUITE.split("[[tiny.grid]]")[1].join(["[[tiny.grid]]", ""]).replace('name = "g"', 'name = "h"'))
     results = tmp_path / "results"
     _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
@@ -196,17 +199,68 @@ def test_a_page_keeps_its_tables_until_every_grid_has_records(tmp_path, capsys):
     page.write_text("<!-- bench:tiny:start -->\nold tables\n<!-- bench:tiny:end -->\n")
     args = ["--file", str(tmp_path / "suites.toml"), "--records", str(tmp_path / "records"), "--results", str(results), "--page", str(page)]
     assert main(["tiny", "--report-only", *args]) == 0
-    assert "grids without records: h;" in capsys.readouterr().out and "old tables" in page.read_text()
+    text = page.read_text()
+    assert "old tables" not in text and "| local | 0.5000 |" in text
+    assert text.endswith("#### digits, 3 clients\n\nNo record yet: `pflower-bench tiny` runs it.\n<!-- bench:tiny:end -->\n")
 
 
-def test_a_suite_without_records_leaves_its_page_as_it_is(tmp_path):
+def test_a_suite_without_records_shows_only_its_commands(tmp_path):
     (tmp_path / "suites.toml").write_text(SUITE)
     page = tmp_path / "page.md"
     page.write_text("<!-- bench:tiny:start -->\ntables of runs made before records\n<!-- bench:tiny:end -->\n")
-    args = ["--file", str(tmp_path / "suites.toml"), "--records", str(tmp_path / "records"), "--results", str(tmp_path / "results"), "--page", str(page)]
-    with pytest.raises(SystemExit, match="suite 'tiny' has no records in .*: nothing to report"):
+    args = ["--file", str(tmp_path / "suites.toml"), "--records", str(tmp_path / "records"), "--results", str(tmp_path / "results")]
+    with pytest.raises(SystemExit, match="suite 'tiny' has no records in .*: nothing to report"):  # no page: nothing to write
         main(["tiny", "--report-only", *args])
-    assert "tables of runs made before records" in page.read_text()
+    assert main(["tiny", "--report-only", *args, "--page", str(page)]) == 0
+    assert page.read_text() == "<!-- bench:tiny:start -->\n#### digits, 3 clients\n\nNo record yet: `pflower-bench tiny` runs it.\n<!-- bench:tiny:end -->\n"
+
+
+HEADLINES = """
+[t]
+columns = [{ title = "ours", suite = "tiny", grid = "g" }, { title = "paper" }, { title = "MiB", suite = "tiny", grid = "g", value = "mib" }]
+rows = [{ title = "Local", label = "local", paper = ["50 %"] }, { title = "FedAvg", label = "fedavg-slow", paper = ["40 %"] },
+        { title = "Ditto", label = "ditto" }]
+"""
+
+
+def test_the_readmes_headline_tables_come_from_the_records(tmp_path):
+    """A headline table puts the paper's numbers beside the records' mean ± sd; a cell says when
+    it has fewer seeds than declared, none, or is not run by that grid; without any record the
+    table is the command that runs it."""
+    from pflower.bench import write_headlines
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    (tmp_path / "headlines.toml").write_text(HEADLINES)
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- headline:t:start -->\nold\n<!-- headline:t:end -->\nafter\n")
+    results, records = tmp_path / "results", tmp_path / "records"
+    paths = (tmp_path / "suites.toml", records, readme, tmp_path / "headlines.toml")
+    assert write_headlines("other-suite", *paths) == [] and "old" in readme.read_text()
+    assert write_headlines("tiny", *paths) == ["t"]
+    assert readme.read_text() == "intro\n<!-- headline:t:start -->\nNo record yet: `pflower-bench tiny` runs it.\n<!-- headline:t:end -->\nafter\n"
+    _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
+    _fake_run(results / "tiny" / "g" / "local" / "seed1", 0.7)
+    _fake_run(results / "tiny" / "g" / "fedavg-slow" / "seed0", 0.6)
+    for run in load_suite(tmp_path / "suites.toml", "tiny")[1]:
+        finished(run, results, records, "tiny")
+    write_headlines(None, *paths)
+    assert readme.read_text().split("start -->\n")[1].split("<!--")[0] == (
+        "| method | ours | paper | MiB |\n| --- | --- | --- | --- |\n"
+        "| Local | 0.6000 ± 0.1414 | 50 % | 2.0 |\n"
+        "| FedAvg | 0.6000 (1 of 2 seeds) | 40 % | 2.0 (1 of 2 seeds) |\n"
+        "| Ditto | — | — | — |\n"
+    )
+
+
+def test_every_headline_table_in_the_readme_is_the_one_its_records_make(tmp_path):
+    """The README's headline tables, rebuilt from the committed records alone, are what it holds."""
+    from pflower.bench import HEADLINES, README, write_headlines
+
+    copy = tmp_path / "README.md"
+    copy.write_text(README.read_text())
+    names = write_headlines(None, PROJECT_SUITES, RECORDS, copy, HEADLINES)
+    assert names and all(f"<!-- headline:{n}:start -->" in README.read_text() for n in names)
+    assert copy.read_text() == README.read_text()
 
 
 def test_a_record_keeps_the_large_per_round_entries_for_the_last_round_only():
@@ -226,29 +280,28 @@ def _block(text: str, suite: str) -> str:
     return text.split(f"<!-- bench:{suite}:start -->", 1)[1].split(f"<!-- bench:{suite}:end -->", 1)[0]
 
 
-COMMITTED = sorted(d.name for d in RECORDS.iterdir() if d.is_dir()) if RECORDS.is_dir() else []
+PUBLISHED = sorted(tomllib.loads(PROJECT_SUITES.read_text()))
 
 
-@pytest.mark.parametrize("suite", COMMITTED)
+@pytest.mark.parametrize("suite", [s for s in PUBLISHED if suite_page(s) is not None])
 def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
     """What a fresh clone has (the suite file, the suite's records, the docs page): `pflower-bench
-    SUITE --report-only` writes exactly the block the docs page holds, and its figures."""
+    SUITE --report-only` writes exactly the block the docs page holds, and its figures; for every
+    suite a page shows, so no table there is older than its records."""
     page = suite_page(suite)
     assert page is not None, f"no docs page holds '<!-- bench:{suite}:start -->'"
     import shutil
 
-    shutil.copytree(RECORDS / suite, tmp_path / "records" / suite)
+    if (RECORDS / suite).is_dir():
+        shutil.copytree(RECORDS / suite, tmp_path / "records" / suite)
     copy = tmp_path / "docs" / page.name
     copy.parent.mkdir()
     copy.write_text(page.read_text().replace(_block(page.read_text(), suite), "\nstale\n"))
     args = ["--file", str(PROJECT_SUITES), "--records", str(tmp_path / "records"), "--results", str(tmp_path / "results"), "--page", str(copy)]
     assert main([suite, "--report-only", *args]) == 0
     _, runs = load_suite(PROJECT_SUITES, suite)
-    if any(not (RECORDS / suite / r.grid).is_dir() for r in runs):  # a suite rerun in part (a long rerun in progress): its page is left alone
-        assert _block(copy.read_text(), suite) == "\nstale\n"
-        return
     assert copy.read_text() == page.read_text()
-    for grid in dict.fromkeys(r.grid for r in runs):
+    for grid in dict.fromkeys(r.grid for r in runs if (RECORDS / suite / r.grid).is_dir()):
         assert (copy.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
         assert (page.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
 
@@ -290,3 +343,36 @@ def test_a_suites_data_is_found_under_the_data_root_and_its_absence_is_named(tmp
                 str(tmp_path / "rec"),
             ]
         )
+
+
+def _unrecorded_tables(text: str) -> list[str]:
+    """The results tables of a page outside the blocks pflower-bench writes (a table with a
+    decimal number in its body) whose preceding paragraph does not say "No record yet"."""
+    import re
+
+    text = re.sub(r"<!-- (bench|headline):([a-z0-9-]+):start -->.*?<!-- \1:\2:end -->", "", text, flags=re.S)
+    found, lines = [], text.split("\n")
+    for k, line in enumerate(lines):
+        if line.startswith("|") and k + 1 < len(lines) and re.fullmatch(r"\|[\s:|-]+\|", lines[k + 1]) and not lines[k - 1].startswith("|"):
+            body = "\n".join(takewhile(lambda s: s.startswith("|"), lines[k + 2 :]))
+            before = "\n".join(lines[max(0, k - 6) : k])
+            index = line.startswith("| page |")  # the reproductions index: a line per page, its figures from recorded suites
+            if re.search(r"\d\.\d", body) and not index and "No record yet" not in before.split("\n\n")[-1]:
+                found.append(line)
+    return found
+
+
+PAGES_WITH_RESULTS = [ROOT / "README.md", *sorted((ROOT / "docs" / "reproductions").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_RESULTS, ids=lambda p: p.name)
+def test_every_results_table_comes_from_records_or_says_it_has_none(page):
+    """A results table on the README or a reproduction page is written by pflower-bench from
+    records, or says "No record yet" with its command just before it."""
+    assert _unrecorded_tables(page.read_text()) == []
+
+
+def test_an_unmarked_results_table_is_found():
+    page = "intro\n\n| method | acc. |\n| --- | --- |\n| a | 0.5 |\n\n**No record yet:** `x`.\n\n| m | acc. |\n| --- | --- |\n| b | 0.7 |\n"
+    assert _unrecorded_tables(page) == ["| method | acc. |"]
+    assert _unrecorded_tables("<!-- bench:s:start -->\n| m | a |\n| --- | --- |\n| b | 0.7 |\n<!-- bench:s:end -->\n") == []
