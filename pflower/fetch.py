@@ -582,11 +582,12 @@ def hub_remotes(spec: Hub, endpoint: str) -> list[Remote]:
 
 # ------------------------------------------------------------------------ one name
 class Offline(Exception):
-    """A name whose files could not be reached: why, and a line per file: its URL and the path to put it at."""
+    """A name whose files could not be reached: why, a line per file (its URL and the path to put
+    it at) and how a file put there is checked."""
 
-    def __init__(self, name: str, reason: str, lines: list[str]) -> None:
+    def __init__(self, name: str, reason: str, lines: list[str], checked: str = "each file is checked as a download would be") -> None:
         super().__init__(reason)
-        self.name, self.reason, self.lines = name, reason, lines
+        self.name, self.reason, self.lines, self.checked = name, reason, lines, checked
 
 
 class Fetcher:
@@ -616,11 +617,11 @@ class Fetcher:
             tree = f"{endpoint}/datasets/{spec.repo}/tree/{spec.revision}"
             lines = [
                 f"  {endpoint}/datasets/{spec.repo}/resolve/{spec.revision}/{pat}"
-                + (f" (every such file {tree} lists)" if "*" in pat else "")
-                + f" -> {self.staging(name) / pat}"
+                + (f" (every such file {tree} lists) -> {self.staging(name) / pat.rpartition('/')[0]}/" if "*" in pat else f" -> {self.staging(name) / pat}")
                 for pat in spec.patterns
             ]
-            raise Offline(name, f"{urllib.parse.urlsplit(endpoint).netloc}: {err}", lines) from None
+            checked = "the files are checked by their columns and rows, the Hub's sha256s being out of reach"
+            raise Offline(name, f"{urllib.parse.urlsplit(endpoint).netloc}: {err}", lines, checked) from None
 
     def fetch(self, name: str) -> str:
         """Fetch ``name`` (nothing if present and verified); the line that says what was done. FetchError, or
@@ -742,7 +743,7 @@ def run(names: list[str], root: Path, mirror: str | None, out: TextIO | None = N
     for o in offline:
         print(
             f"pflower-data: {o.name}: cannot reach {o.reason}. Without a network, download each file below elsewhere and put it at the "
-            f"path after '->'; then run `pflower-data {o.name} --root {root}` again (each file is checked as a download would be):",
+            f"path after '->'; then run `pflower-data {o.name} --root {root}` again ({o.checked}):",
             file=err,
         )
         for line in o.lines:
