@@ -609,8 +609,8 @@ class Fetcher:
         try:
             return hub_remotes(spec, endpoint), ""
         except Unreachable as err:
-            placed = [p for p in _files(self.staging(name)) if not p.name.endswith(".part")]
-            rels = [str(p.relative_to(self.staging(name))) for p in placed]
+            rels = [str(p.relative_to(self.staging(name))) for p in _files(self.staging(name))]
+            rels = [r for r in rels if not r.endswith(".part") and not r.startswith(".scratch-")]  # not a killed run's leftovers
             if rels and all(any(fnmatch.fnmatch(r, pat) for pat in spec.patterns) for r in rels):
                 note = f"the Hub cannot be reached ({err}): the {len(rels)} files placed in {self.staging(name)} are checked by their columns and rows alone"
                 return [Remote("", r) for r in rels], note
@@ -770,7 +770,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [n for n in args.names if n not in DATASETS]:
         p.exit(2, f"pflower-data: unknown data set{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; the names are: {', '.join(DATASETS)}\n")
     if args.list:
-        print(listing(root))
+        try:
+            print(listing(root), flush=True)
+        except BrokenPipeError:  # `pflower-data --list | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if not args.names:
         p.exit(2, f"pflower-data: name one or more data sets ({', '.join(DATASETS)}), or --list\n")

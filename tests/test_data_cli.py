@@ -41,12 +41,14 @@ from pflower.datasets.sources import Source
 # ------------------------------------------------------------------------ a loopback server
 class Server:
     """Serves ``files`` (path -> bytes); ``cut[path] = n`` sends the full Content-Length but only n
-    bytes; ``status[path]`` answers with that code. ``requests`` lists every path asked for."""
+    bytes; ``status[path]`` answers with that code; ``moved[path]`` redirects (302) to another
+    path, as the Hub's and GitHub's download URLs do. ``requests`` lists every path asked for."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.cut: dict[str, int] = {}
         self.status: dict[str, int] = {}
+        self.moved: dict[str, str] = {}
         self.requests: list[str] = []
         server = self
 
@@ -56,6 +58,12 @@ class Server:
                 server.requests.append(path)
                 if path in server.status:
                     self.send_error(server.status[path])
+                    return
+                if path in server.moved:
+                    self.send_response(302)
+                    self.send_header("Location", server.url + server.moved[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 if path not in server.files:
                     self.send_error(404)
@@ -275,6 +283,15 @@ def test_a_checksum_mismatch_names_the_file_both_digests_and_keeps_nothing(serve
     assert f"train-labels-idx1-ubyte.gz from {server.url}/mnist/train-labels-idx1-ubyte.gz: checksum mismatch: md5 expected {md5(good)}, got {md5(bad)}" in err
     assert not (tmp_path / "torchvision" / "MNIST").exists() and not (tmp_path / "mnist").exists() and leftovers(tmp_path) == []
     assert not (tmp_path / fetch.STAGING / "mnist" / "train-labels-idx1-ubyte.gz").exists()
+
+
+def test_a_redirect_is_followed(server, mnist, tmp_path, capsys):
+    for name in mnist:
+        server.files[f"/cdn/{name}"] = server.files.pop(f"/mnist/{name}")
+        server.moved[f"/mnist/{name}"] = f"/cdn/{name}"
+    rc, _, err = run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)
+    assert rc == 0, err
+    assert server.requests == [p for name in mnist for p in (f"/mnist/{name}", f"/cdn/{name}")]
 
 
 def test_an_http_error_is_named(server, mnist, tmp_path, capsys):
