@@ -32,6 +32,7 @@ import numpy as np
 from flwr.common.config import flatten_dict
 
 from pflower.config import ConfigError, load_settings
+from pflower.fetch import DATA_ENV, DATASETS, data_root
 from pflower.launcher import simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
@@ -75,16 +76,6 @@ def _toml_value(v: Any) -> str:
 
 def run_config_string(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
-
-
-#: Where the suites' data folders are when ``--data-root`` is not given.
-DATA_ENV = "PFLOWER_DATA"
-
-
-def data_root(given: Path | None = None) -> Path:
-    """The folder the suites' relative ``data-dir`` values name folders in: ``given``, else
-    ``$PFLOWER_DATA``, else ``~/pflower-data``."""
-    return (given or Path(os.environ.get(DATA_ENV) or Path.home() / "pflower-data")).expanduser().resolve()
 
 
 def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, list[Run]]:
@@ -506,8 +497,11 @@ def main(argv: list[str] | None = None) -> int:
     suite, runs = load_suite(args.file, args.suite, args.data_root)
     needed = sorted({r.config["data-dir"] for r in runs if "data-dir" in r.config and not Path(r.config["data-dir"]).exists()})
     if needed and not (args.report_only or args.status):
+        root = data_root(args.data_root)
+        names = sorted({d.name for d in DATASETS.values() for t in d.targets if str(root / t) in needed})
+        fetch = f"`pflower-data {' '.join(names)} --root {root}` fetches it, or " if names else ""
         raise SystemExit(
-            f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
+            f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: {fetch}put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
         )
     results, records = args.results.resolve(), args.records.resolve()
     if args.status:

@@ -160,9 +160,18 @@ def test_no_import_cycle_among_pflowers_modules_counting_imports_in_functions():
 
 # ------------------------------------------------------------------------ the app bundle (FAB)
 #: The tools that start Flower (pflower-bench, pflower-check, pflower-deploy, pflower-sim and its
-#: Ray head, their process helpers) and the docs' configuration reference: no node runs them, so
-#: the FAB leaves them out.
-TOOLING = ("pflower.bench", "pflower.check", "pflower.deploy", "pflower.launcher", "pflower.processes", "pflower.ray_head", "pflower.reference")
+#: Ray head, their process helpers), the one that fetches data (pflower-data) and the docs'
+#: configuration reference: no node runs them, so the FAB leaves them out.
+TOOLING = (
+    "pflower.bench",
+    "pflower.check",
+    "pflower.deploy",
+    "pflower.fetch",
+    "pflower.launcher",
+    "pflower.processes",
+    "pflower.ray_head",
+    "pflower.reference",
+)
 
 
 def app_modules(root: Path = ROOT) -> set[str]:
