@@ -13,10 +13,15 @@ Markers (anywhere in a page but in a code span):
   the commands tests/test_docker_demo.py runs word for word
 
 An unknown marker, an undeclared method or a missing file stops the build with the page's name.
+
+Math: a page writes TeX between ``$...$`` (inline) or ``$$...$$`` (display), as GitHub reads it;
+``pymdownx.arithmatex`` (generic mode) marks it and :func:`mathml` turns each formula into MathML
+at build time (``latex2mathml``), so the site renders formulas with no script and no CDN.
 """
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -104,3 +109,30 @@ def expand(markdown: str, page: str) -> str:
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     return expand(markdown, page.file.src_uri)
+
+
+#: What pymdownx.arithmatex (generic) makes of ``$...$`` and ``$$...$$``: the TeX, HTML-escaped.
+ARITHMATEX = re.compile(r'<span class="arithmatex">\\\((?P<inline>.*?)\\\)</span>|<div class="arithmatex">\\\[(?P<block>.*?)\\\]</div>', re.S)
+
+
+def mathml(page_html: str, page: str = "") -> str:
+    """``page_html`` with every formula arithmatex marked as MathML (a formula latex2mathml cannot
+    read stops the build, naming the page and the formula)."""
+    from latex2mathml.converter import convert
+
+    def one(m: re.Match) -> str:
+        tex = html.unescape(m["inline"] if m["inline"] is not None else m["block"]).strip()
+        try:
+            out = convert(tex, display="inline" if m["inline"] is not None else "block")
+        except Exception as err:  # latex2mathml raises its own errors and plain ones alike
+            raise PluginError(f"{page}: the formula {tex!r} is not TeX that latex2mathml reads: {err!r}") from None
+        unknown = re.findall(r"\\[A-Za-z]+", out)  # a command it does not know comes out as text
+        if unknown:
+            raise PluginError(f"{page}: the formula {tex!r} is not TeX that latex2mathml reads: {', '.join(unknown)}")
+        return out
+
+    return ARITHMATEX.sub(one, page_html)
+
+
+def on_page_content(page_html: str, page, config, files) -> str:
+    return mathml(page_html, page.file.src_uri)

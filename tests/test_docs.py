@@ -23,16 +23,85 @@ def _hooks():
     return module
 
 
-def test_the_site_builds_strictly_without_a_warning(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built once with `mkdocs build --strict`: (its folder, the build's log, its exit status)."""
+    folder = tmp_path_factory.mktemp("docs") / "site"
     out = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log
+    return folder, out.stdout + out.stderr, out.returncode
+
+
+def _page(site, name: str) -> str:
+    folder, log, returncode = site
+    assert returncode == 0, log
+    return (folder / name / "index.html").read_text()
+
+
+def _prose(page_html: str) -> str:
+    """A built page's text outside code, scripts and formulas (what a reader sees as prose)."""
+    body = page_html.split('<article class="md-content__inner', 1)[-1].split("</article>", 1)[0]
+    return re.sub(r"<(pre|code|script|style|math)\b.*?</\1>", " ", body, flags=re.S)
+
+
+def test_the_site_builds_strictly_without_a_warning(site):
+    folder, log, returncode = site
+    assert returncode == 0, log
     assert not re.search(r"^(WARNING|ERROR)", log, re.M), log
-    page = (tmp_path / "site" / "configuration" / "index.html").read_text()
+    page = _page(site, "configuration")
     assert "pflower:" not in page and "num-server-rounds" in page and "superfed.mixing" in page
+
+
+#: Pages whose formulas are TeX in the source and MathML on the site.
+MATH_PAGES = ["methods/pfedla", "methods/heurpfedla", "methods/federico", "methods/superfed", "methods/pfedme"]
+
+
+def test_formulas_are_tex_in_the_source_and_mathml_on_the_site(site):
+    for name in MATH_PAGES:
+        source = (ROOT / "docs" / f"{name}.md").read_text()
+        assert re.search(r"\$[^$\s][^$]*\\[a-z]+[^$]*\$", source), f"{name}.md: no $...$ TeX formula (GitHub renders them)"
+        prose = _prose(_page(site, name))
+        assert _page(site, name).count("<math") >= 2, name
+        # No TeX left for a reader: no delimiters, no commands, no sub/superscript groups.
+        leftover = re.findall(r"\$|\\[()\[\]]|\\[a-zA-Z]+|[_^]\{|arithmatex", prose)
+        assert not leftover, f"{name}: raw TeX on the built page: {leftover[:5]}"
+    # The pseudo-TeX the pages used to show (α_i^{l,j}, θ̄_i) is gone from the sources' prose too.
+    for name in MATH_PAGES:
+        prose = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$|`[^`\n]*`", "", (ROOT / "docs" / f"{name}.md").read_text(), flags=re.S)
+        assert not re.search(r"[α-ωΑ-Ω][_^]|\u0304|[_^]\{", prose), name
+
+
+def test_the_hook_turns_tex_into_mathml_and_refuses_what_it_cannot_read():
+    from mkdocs.exceptions import PluginError
+
+    hooks = _hooks()
+    out = hooks.mathml('<p><span class="arithmatex">\\(\\alpha_i^{l,j} &lt; 1\\)</span></p><div class="arithmatex">\\[\\sum_j x_j\\]</div>')
+    assert out.count("<math") == 2 and 'display="inline"' in out and 'display="block"' in out
+    assert "&#x003B1;" in out and "<msubsup>" in out and "&#x0003C;" in out and "arithmatex" not in out  # α, α_i^{l,j}, <
+    for bad in ("\\left( x", "x^", "\\nosuchcommand x"):
+        with pytest.raises(PluginError, match="latex2mathml"):
+            hooks.mathml(f'<span class="arithmatex">\\({bad}\\)</span>', "x.md")
+
+
+def test_the_site_loads_nothing_from_elsewhere_and_carries_its_css(site):
+    folder, log, returncode = site
+    assert returncode == 0, log
+    pages = sorted(folder.rglob("*.html"))
+    external = {
+        str(p.relative_to(folder)): m for p in pages if (m := re.findall(r'<(?:link|script|img)\b[^>]*(?:src|href)="(?:https?:)?//[^"]*"', p.read_text()))
+    }
+    assert external == {}, "the site must work offline (no CDN)"
+    assert "stylesheets/extra.css" in (ROOT / "mkdocs.yml").read_text()
+    assert all('stylesheets/extra.css"' in p.read_text() for p in pages if p.name == "index.html")
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    # Long shell lines wrap; every other block scrolls with a visible scrollbar; a code span in a
+    # table cell (a method's name) never breaks mid-word.
+    assert re.search(r"\.language-bash pre > code[^{]*\{[^}]*white-space: pre-wrap", css, re.S)
+    assert re.search(r"pre > code \{[^}]*scrollbar-width: auto", css)
+    assert re.search(r"td code,[^{]*\{[^}]*white-space: nowrap", css, re.S)
+    assert 'class="language-bash highlight"' in _page(site, "getting-started")
 
 
 def test_every_key_has_a_description():
