@@ -152,6 +152,38 @@ def test_the_hook_fills_every_marker_and_refuses_an_unknown_one():
             hooks.expand(bad, "x.md")
 
 
+def test_every_generated_section_is_committed_and_current():
+    """The pages carry their generated text (GitHub and editors show it): what the code generates
+    now, between every marker and its closing marker."""
+    hooks = _hooks()
+    assert hooks.stale() == [], f"generated sections differ from the code: run `{hooks.WRITE_COMMAND}` and commit"
+    for name, path in hooks.pages().items():
+        for m in hooks.SECTION.finditer(path.read_text()):
+            assert m["body"] is not None and m["body"].strip(), (name, m[0][:60])
+
+
+def test_a_section_is_written_from_a_bare_marker_and_built_without_its_markers():
+    from mkdocs.exceptions import PluginError
+
+    hooks = _hooks()
+    bare = "## Keys\n\n<!-- pflower:keys fedprox -->\n\ntext\n\n<!-- pflower:evaluates fedprox --> See the protocol.\n"
+    written = hooks.regenerate(bare, "methods/fedprox.md")
+    keys = hooks.reference.method_keys("fedprox")
+    assert f"<!-- pflower:keys fedprox -->\n\n{keys}\n\n<!-- /pflower:keys -->\n\ntext" in written
+    # One sentence, running on into the text after it on the site; the text moves below it.
+    sentence = "A client evaluates the global model as the server sends it."
+    assert written.endswith(f"<!-- pflower:evaluates fedprox -->\n{sentence}\n<!-- /pflower:evaluates -->\nSee the protocol.\n")
+    assert hooks.regenerate(written, "methods/fedprox.md") == written
+    # The site shows the text generated now, without markers, whether the section is current or stale.
+    built = hooks.expand(written, "methods/fedprox.md")
+    assert built == f"## Keys\n\n{keys}\n\ntext\n\n{sentence}\nSee the protocol.\n" and "pflower:" not in built
+    stale = written.replace("`0.01`", "`0.5`")
+    assert hooks.expand(stale, "methods/fedprox.md") == built and hooks.regenerate(stale, "methods/fedprox.md") == written
+    for bad in ("<!-- pflower:keys fedprox -->x<!-- /pflower:code -->", "<!-- /pflower:keys -->"):
+        with pytest.raises(PluginError, match="malformed"):
+            hooks.regenerate(bad, "methods/fedprox.md")
+
+
 def test_the_readme_is_a_five_minute_read():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
