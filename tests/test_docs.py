@@ -100,7 +100,8 @@ def test_the_site_loads_nothing_from_elsewhere_and_carries_its_css(site):
     # table cell (a method's name) never breaks mid-word.
     assert re.search(r"\.language-bash pre > code[^{]*\{[^}]*white-space: pre-wrap", css, re.S)
     assert re.search(r"pre > code \{[^}]*scrollbar-width: auto", css)
-    assert re.search(r"td code,[^{]*\{[^}]*white-space: nowrap", css, re.S)
+    assert re.search(r"td code,[^{]*\{[^}]*word-break: normal;[^}]*overflow-wrap: normal", css, re.S)
+    assert re.search(r"td:not\(:last-child\) code,[^{]*\{[^}]*white-space: nowrap", css, re.S)
     assert 'class="language-bash highlight"' in _page(site, "getting-started")
 
 
@@ -209,3 +210,18 @@ def test_no_list_is_glued_to_the_paragraph_before_it():
     assert _lists_glued_to_a_paragraph("text\n- item\n") == [2] and _lists_glued_to_a_paragraph("text\n\n- item\n- next\n  more\n- last\n") == []
     pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
     assert {str(p.relative_to(ROOT)): lines for p in pages if (lines := _lists_glued_to_a_paragraph(p.read_text()))} == {}
+
+
+def test_the_diagrams_are_what_scripts_diagrams_py_writes():
+    spec = importlib.util.spec_from_file_location("pflower_diagrams", ROOT / "scripts" / "diagrams.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, draw in module.DIAGRAMS.items():
+        svg = draw()
+        assert (ROOT / "docs" / "figures" / name).read_text() == svg, f"docs/figures/{name} is stale: run `python scripts/diagrams.py`"
+        assert svg.startswith("<svg ") and "<title>" in svg and "http://www.w3.org/2000/svg" in svg and "href=" not in svg
+    architecture, deployment = module.architecture(), module.deployment()
+    for term in ("ServerApp", "ClientApp", "SuperLink", "SuperNode", "simulation engine", "Ray", "strategies/"):
+        assert term in architecture, term
+    for term in ("flower-superlink", "flower-supernode", "TLS", "--enable-supernode-auth", "--auth-supernode-private-key", "ServerApp", "ClientApp"):
+        assert term in deployment, term
