@@ -5,8 +5,11 @@ README stays a five-minute read."""
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -212,6 +215,53 @@ def test_no_list_is_glued_to_the_paragraph_before_it():
     assert {str(p.relative_to(ROOT)): lines for p in pages if (lines := _lists_glued_to_a_paragraph(p.read_text()))} == {}
 
 
+# ---------------------------------------------------------------------------------------------
+# What a newcomer reads: the glossary, the pictures, the commands, and the tone of the pages.
+
+#: Every term the glossary defines (its headings), as the pages link them.
+GLOSSARY_TERMS = [
+    "SuperLink", "SuperNode", "ServerApp", "ClientApp", "FAB", "Run config", "Node config", "Simulation engine", "Round",
+    "Pathological partition", "non-IID_1 and non-IID_2", "Dirichlet partition", "Personalization", "Personalized model",
+    "Head and body", "Global model", "Local model",
+]  # fmt: skip
+
+
+def test_the_glossary_is_in_the_nav_defines_the_terms_and_the_pages_link_it(site):
+    assert "Glossary: glossary.md" in (ROOT / "mkdocs.yml").read_text()
+    headings = re.findall(r"^### (.+)$", (ROOT / "docs" / "glossary.md").read_text(), re.M)
+    assert [t for t in GLOSSARY_TERMS if t not in headings] == []
+    # The pages a newcomer starts from link the terms where they first use them.
+    for page in ("index.md", "getting-started.md", "deployment.md", "architecture.md", "simulation.md", "methods/index.md"):
+        assert re.search(r"\]\((\.\./)?glossary\.md#[a-z0-9_-]+\)", (ROOT / "docs" / page).read_text()), page
+    built = _page(site, "glossary")
+    for anchor in ("superlink", "fab", "node-config", "non-iid_1-and-non-iid_2", "head-and-body"):
+        assert f'id="{anchor}"' in built, anchor
+
+
+def _images(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text) + re.findall(r'<img [^>]*src="([^"]+)"', text)
+
+
+def test_every_image_a_page_shows_exists_and_the_figures_stay_small():
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    shown = {(p, src) for p in pages for src in _images(p) if not src.startswith(("http:", "https:"))}
+    assert [f"{p.relative_to(ROOT)}: {src}" for p, src in shown if not (p.parent / src).is_file()] == []
+    assert not [src for p, src in shown if src.startswith(("http:", "https:", "//"))]
+    # The figures committed for the site (docs/figures): small, so the repository stays small.
+    big = {f.name: f.stat().st_size for f in (ROOT / "docs" / "figures").iterdir() if f.stat().st_size >= 150_000}
+    assert big == {}, "keep a figure under 150 KB"
+    # The newcomer's pages show the diagrams and a sample of the main job's figures.
+    wanted = {
+        "index.md": ["figures/architecture.svg"],
+        "architecture.md": ["figures/architecture.svg"],
+        "deployment.md": ["figures/deployment.svg"],
+        "getting-started.md": ["figures/main-job-partition.png", "figures/main-job-accuracy.png", "figures/main-job-alpha-heatmap.png"],
+    }
+    for page, sources in wanted.items():
+        assert set(sources) <= set(_images(ROOT / "docs" / page)), page
+
+
 def test_the_diagrams_are_what_scripts_diagrams_py_writes():
     spec = importlib.util.spec_from_file_location("pflower_diagrams", ROOT / "scripts" / "diagrams.py")
     module = importlib.util.module_from_spec(spec)
@@ -225,3 +275,86 @@ def test_the_diagrams_are_what_scripts_diagrams_py_writes():
         assert term in architecture, term
     for term in ("flower-superlink", "flower-supernode", "TLS", "--enable-supernode-auth", "--auth-supernode-private-key", "ServerApp", "ClientApp"):
         assert term in deployment, term
+
+
+#: Lab-notebook phrases: history of the work, other people's load, requirements from issues. The
+#: user pages say what holds and how to reproduce it; dated figures live on measurements.md.
+LAB_NOTEBOOK = [
+    "previous session", "this session", "the issue", "issue's", "earlier commit", "last commit", "previous work",
+    "target ≤", "target <", "target:", "(target", "today", "other engineers", "other people's", "we measured",
+    "minutes here", " s here", "could not try here", "in the last suites", "first version",
+]  # fmt: skip
+
+
+def test_no_user_page_reads_like_a_lab_notebook():
+    pages = [p for p in sorted((ROOT / "docs").rglob("*.md")) if p.name != "measurements.md" and "reproductions" not in p.parts]
+    found = {f"{p.relative_to(ROOT)}: {phrase!r}" for p in [*pages, ROOT / "README.md"] for phrase in LAB_NOTEBOOK if phrase.lower() in p.read_text().lower()}
+    assert found == set(), "state what holds; move dated measurements to docs/measurements.md"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert "Measurements: measurements.md" in nav
+    measurements = (ROOT / "docs" / "measurements.md").read_text()
+    # The one page of dated figures names its machine and gives every measurement a date.
+    assert "Intel(R) Xeon(R) Processor" in measurements and "2 cores" in measurements
+    for section in re.split(r"^## ", measurements, flags=re.M)[2:]:
+        assert re.search(r"20\d\d-\d\d-\d\d", section), section.splitlines()[0]
+
+
+def _bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def _commands(block: str) -> list[str]:
+    """The block's commands: continuation lines joined, comments and heredoc bodies dropped."""
+    block = re.sub(r"<<TOML\n.*?\nTOML\n", "\n", block, flags=re.S).replace("\\\n", " ")
+    return [line.split(" #")[0].strip() for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_pages_write_every_command_for_the_activated_venv():
+    """Said once per page: activate the venv; then every block calls the venv's commands bare."""
+    for name in ("README.md", "docs/getting-started.md", "docs/deployment.md", "docs/performance.md", "docs/simulation.md", "docs/results.md"):
+        text = (ROOT / name).read_text()
+        if name in ("README.md", "docs/getting-started.md", "docs/deployment.md", "docs/performance.md"):
+            assert ". .venv/bin/activate" in text, f"{name}: say once to activate the venv"
+        calls = [c for b in _bash_blocks(text) for c in _commands(b) if ".venv/bin/" in c and c != ". .venv/bin/activate"]
+        assert calls == [], f"{name}: {calls}"
+
+
+def _separate_machines(text: str) -> str:
+    """The commands of a page's separate-machines walk-through (they start with the certificates)."""
+    keys = ("flower-superlink", "flower-supernode", "supernode register", "certs --dir certs", "flwr run . prod")
+    blocks = [b for b in _bash_blocks(text) if any(k in b for k in keys)]
+    return "\n".join(b for b in blocks if "pflower-deploy up" not in b)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/deployment.md"])
+def test_the_separate_machines_commands_work_as_written(page, tmp_path, monkeypatch):
+    """Step 1 runs for real (the certificates); every path the later steps name is what it wrote;
+    Flower's own parsers accept the SuperLink's and SuperNode's flags; the flwr CLI's connection
+    written by the heredoc is the SuperLink's address and the CA."""
+    from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+    from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+    from pflower.deploy import cli
+
+    text = _separate_machines((ROOT / page).read_text())
+    commands = _commands(text)
+    monkeypatch.chdir(tmp_path)
+    certs = next(c for c in commands if c.startswith("pflower-deploy certs"))
+    assert cli.main(shlex.split(certs)[1:]) == 0
+    host = shlex.split(certs)[shlex.split(certs).index("--host") + 1]
+    link = _parse_args_run_superlink().parse_args(shlex.split(next(c for c in commands if c.startswith("flower-superlink")))[1:])
+    for path in (link.ssl_ca_certfile, link.ssl_certfile, link.ssl_keyfile):
+        assert (tmp_path / path).is_file(), path
+    assert link.enable_supernode_auth and Path(link.database).parent.as_posix() in {c.split()[-1] for c in commands if c.startswith("mkdir -p")}
+    node = _parse_args_run_supernode().parse_args(shlex.split(next(c for c in commands if c.startswith("flower-supernode")))[1:])
+    assert node.superlink == f"{host}:9092" and (tmp_path / node.root_certificates).is_file()
+    assert (tmp_path / node.auth_supernode_private_key).is_file() and "partition-id=0" in node.node_config
+    register = next(c for c in commands if "flwr supernode register" in c)
+    for i in range(3):
+        key = register.split("register ")[1].split()[0].replace("$i", str(i))
+        assert (tmp_path / key).is_file(), key
+    toml = re.search(r"<<TOML\n(.*?)\nTOML", text, re.S)[1].replace("$PWD", str(tmp_path))
+    config = tomllib.loads(toml)["superlink"]
+    connection = config[config["default"]]
+    assert connection["address"] == f"{host}:8000" and Path(connection["root-certificates"]) == tmp_path / link.ssl_ca_certfile
+    assert f"flwr run . {config['default']} " in text and f"register certs/keys/node$i.pub {config['default']}" in text
