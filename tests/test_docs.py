@@ -1,6 +1,9 @@
 """The documentation site: it builds with `mkdocs build --strict` (no broken link or anchor, no page
-outside the nav), its configuration reference is generated from the code and complete, and the
-README stays a five-minute read."""
+outside the nav) and loads nothing from elsewhere; formulas are TeX in the pages and MathML on the
+site; the generated sections committed in the pages are what the code generates now; the
+configuration reference is complete; and what a newcomer reads holds up: the glossary, the
+diagrams and figures, commands that work as written, user pages that state what holds (dated
+figures on measurements.md), and a README that stays a five-minute read."""
 
 import importlib.util
 import os
@@ -287,6 +290,8 @@ LAB_NOTEBOOK = [
 
 
 def test_no_user_page_reads_like_a_lab_notebook():
+    # measurements.md and the reproduction pages are the records of measurements (each run's time
+    # "here" belongs there); every other page is a user page.
     pages = [p for p in sorted((ROOT / "docs").rglob("*.md")) if p.name != "measurements.md" and "reproductions" not in p.parts]
     found = {f"{p.relative_to(ROOT)}: {phrase!r}" for p in [*pages, ROOT / "README.md"] for phrase in LAB_NOTEBOOK if phrase.lower() in p.read_text().lower()}
     assert found == set(), "state what holds; move dated measurements to docs/measurements.md"
