@@ -316,9 +316,17 @@ def _commands(block: str) -> list[str]:
 
 def test_the_pages_write_every_command_for_the_activated_venv():
     """Said once per page: activate the venv; then every block calls the venv's commands bare."""
-    for name in ("README.md", "docs/getting-started.md", "docs/deployment.md", "docs/performance.md", "docs/simulation.md", "docs/results.md"):
+    for name in (
+        "README.md",
+        "docs/getting-started.md",
+        "docs/deployment.md",
+        "docs/performance.md",
+        "docs/measurements.md",
+        "docs/simulation.md",
+        "docs/results.md",
+    ):
         text = (ROOT / name).read_text()
-        if name in ("README.md", "docs/getting-started.md", "docs/deployment.md", "docs/performance.md"):
+        if name in ("README.md", "docs/getting-started.md", "docs/deployment.md", "docs/performance.md", "docs/measurements.md"):
             assert ". .venv/bin/activate" in text, f"{name}: say once to activate the venv"
         calls = [c for b in _bash_blocks(text) for c in _commands(b) if ".venv/bin/" in c and c != ". .venv/bin/activate"]
         assert calls == [], f"{name}: {calls}"
