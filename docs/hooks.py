@@ -1,4 +1,19 @@
-"""MkDocs hook: pages say where generated content goes with a marker, and the build fills it in.
+"""MkDocs hook: the generated sections of the pages, and the formulas.
+
+A page says where generated content goes with a marker; the generated text is committed between
+the marker and its closing marker, so the page reads whole on GitHub and in an editor::
+
+    <!-- pflower:keys fedprox -->
+
+    | key | type | default | allowed | description |
+    ...
+
+    <!-- /pflower:keys -->
+
+``python docs/hooks.py --write`` (re)writes every section of every page from the code (a bare
+marker, without its closing one, becomes a section); ``--check`` lists the stale pages
+(tests/test_docs.py fails on one). The build drops the markers and puts in the text generated
+now, so the site is current even where a committed section is not.
 
 Markers (anywhere in a page but in a code span):
 
@@ -13,11 +28,20 @@ Markers (anywhere in a page but in a code span):
   the commands tests/test_docker_demo.py runs word for word
 
 An unknown marker, an undeclared method or a missing file stops the build with the page's name.
+A section is a block (blank lines around its text) except ``evaluates NAME``, one sentence that
+runs on into the text after its closing marker.
+
+Math: a page writes TeX between ``$...$`` (inline) or ``$$...$$`` (display), as GitHub reads it;
+``pymdownx.arithmatex`` (generic mode) marks it and :func:`mathml` turns each formula into MathML
+at build time (``latex2mathml``), so the site renders formulas with no script and no CDN.
 """
 
 from __future__ import annotations
 
+import argparse
+import html
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -26,9 +50,17 @@ from pflower import reference
 from pflower.methods import declarations
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A marker; one in a code span (between backticks) is text about markers and stays as it is.
-MARKER = re.compile(r"(?<!`)<!-- pflower:([a-z-]+)(?: (\S+))? -->(?!`)")
-LEFTOVER = re.compile(r"(?<!`)<!-- pflower:")
+DOCS = ROOT / "docs"
+#: A generated section: its marker, then (once written) the text generated and the closing
+#: marker; ``body`` is None for a bare marker. A marker in a code span (between backticks) is
+#: text about markers and stays as it is.
+SECTION = re.compile(
+    r"(?<!`)<!-- pflower:(?P<kind>[a-z-]+)(?: (?P<arg>\S+))? -->(?!`)(?:(?P<body>(?:(?!<!-- /?pflower:).)*?)<!-- /pflower:(?P=kind) -->)?",
+    re.S,
+)
+LEFTOVER = re.compile(r"(?<!`)<!-- /?pflower:")
+#: The command that rewrites the committed sections (the staleness test names it).
+WRITE_COMMAND = ".venv/bin/python docs/hooks.py --write"
 
 
 def example(name: str) -> str:
@@ -93,14 +125,105 @@ def _link_to_methods(page: str) -> str:
     return "../" * depth + "methods/" if not page.startswith("methods/") else ""
 
 
-def expand(markdown: str, page: str) -> str:
-    """``markdown`` with every pflower marker replaced."""
-    out = MARKER.sub(lambda m: render(m.group(1), m.group(2), page), markdown)
-    left = LEFTOVER.search(out)
+def _leftover(text: str, page: str) -> None:
+    left = LEFTOVER.search(text)
     if left:
-        raise PluginError(f"{page}: a malformed marker: {out[left.start() :].splitlines()[0]!r}")
+        raise PluginError(f"{page}: a malformed marker: {text[left.start() :].splitlines()[0]!r}")
+
+
+def expand(markdown: str, page: str) -> str:
+    """``markdown`` as the site shows it: every section (or bare marker) replaced by the text
+    generated now, the markers dropped."""
+    out = SECTION.sub(lambda m: render(m["kind"], m["arg"], page), markdown)
+    _leftover(out, page)
     return out
+
+
+def _inline(kind: str, arg: str | None) -> bool:
+    return kind == "evaluates" and arg is not None
+
+
+def section(kind: str, arg: str | None, content: str) -> str:
+    """A generated section as committed: marker, text, closing marker."""
+    sep = "\n" if _inline(kind, arg) else "\n\n"
+    return f"<!-- pflower:{kind}{f' {arg}' if arg else ''} -->{sep}{content.strip(chr(10))}{sep}<!-- /pflower:{kind} -->"
+
+
+def regenerate(markdown: str, page: str) -> str:
+    """``markdown`` with every section rewritten from the code (what ``--write`` commits). Text
+    after a bare marker on its line goes on the line after the new section's closing marker."""
+    out, end = [], 0
+    for m in SECTION.finditer(markdown):
+        out.append(markdown[end : m.start()])
+        out.append(section(m["kind"], m["arg"], render(m["kind"], m["arg"], page)))
+        end = m.end()
+        if m["body"] is None:
+            rest = re.match(r"[ \t]*(?=\S)", markdown[end:])
+            if rest:  # text on the marker's line
+                out.append("\n")
+                end += rest.end()
+    out.append(markdown[end:])
+    text = "".join(out)
+    _leftover(SECTION.sub("", text), page)
+    return text
+
+
+def pages() -> dict[str, Path]:
+    """Every page of the site, by its path under docs/."""
+    return {p.relative_to(DOCS).as_posix(): p for p in sorted(DOCS.rglob("*.md"))}
+
+
+def stale() -> list[str]:
+    """The pages whose committed sections differ from what the code generates now."""
+    return [name for name, path in pages().items() if regenerate(text := path.read_text(), name) != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="docs/hooks.py", description="The pages' generated sections, from the code.")
+    parser.add_argument("--write", action="store_true", help="rewrite every stale page's sections")
+    parser.add_argument("--check", action="store_true", help="list the stale pages; exit 1 if there is one")
+    args = parser.parse_args(argv)
+    if not (args.write or args.check):
+        parser.error("say --write or --check")
+    names = stale()
+    for name in names:
+        if args.write:
+            path = pages()[name]
+            path.write_text(regenerate(path.read_text(), name))
+        print(f"{'rewrote' if args.write else 'stale'}: docs/{name}")
+    return 1 if names and args.check else 0
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     return expand(markdown, page.file.src_uri)
+
+
+#: What pymdownx.arithmatex (generic) makes of ``$...$`` and ``$$...$$``: the TeX, HTML-escaped.
+ARITHMATEX = re.compile(r'<span class="arithmatex">\\\((?P<inline>.*?)\\\)</span>|<div class="arithmatex">\\\[(?P<block>.*?)\\\]</div>', re.S)
+
+
+def mathml(page_html: str, page: str = "") -> str:
+    """``page_html`` with every formula arithmatex marked as MathML (a formula latex2mathml cannot
+    read stops the build, naming the page and the formula)."""
+    from latex2mathml.converter import convert
+
+    def one(m: re.Match) -> str:
+        tex = html.unescape(m["inline"] if m["inline"] is not None else m["block"]).strip()
+        try:
+            out = convert(tex, display="inline" if m["inline"] is not None else "block")
+        except Exception as err:  # latex2mathml raises its own errors and plain ones alike
+            raise PluginError(f"{page}: the formula {tex!r} is not TeX that latex2mathml reads: {err!r}") from None
+        unknown = re.findall(r"\\[A-Za-z]+", out)  # a command it does not know comes out as text
+        if unknown:
+            raise PluginError(f"{page}: the formula {tex!r} is not TeX that latex2mathml reads: {', '.join(unknown)}")
+        return out
+
+    return ARITHMATEX.sub(one, page_html)
+
+
+def on_page_content(page_html: str, page, config, files) -> str:
+    return mathml(page_html, page.file.src_uri)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

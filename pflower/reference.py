@@ -3,9 +3,10 @@
 Every row comes from a pydantic field: the shared keys from :class:`pflower.config.Settings`, each
 method's own keys from its declaration's ``params`` (:mod:`pflower.methods`). A row gives the key,
 its type, its default, what is allowed (the field's ``Literal`` values or its ``ge``/``gt``/``le``/
-``lt`` bounds) and the field's ``description``. The site's hook (``docs/hooks.py``) puts these
-tables where a page says ``<!-- pflower:config-reference -->`` or ``<!-- pflower:keys NAME -->``;
-no page keeps a copy of them. Imports nothing heavier than pydantic.
+``lt`` bounds) and the field's ``description``. ``docs/hooks.py`` writes these tables into the
+pages, after ``<!-- pflower:config-reference -->`` or ``<!-- pflower:keys NAME -->`` (``python
+docs/hooks.py --write``; tests/test_docs.py fails while a committed copy differs from the code).
+Imports nothing heavier than pydantic.
 """
 
 from __future__ import annotations

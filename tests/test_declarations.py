@@ -34,8 +34,8 @@ def test_readme_method_table_is_the_declarations():
 
 
 def test_the_generated_key_tables_list_every_methods_keys_with_default_and_description():
-    """docs/configuration.md and each method's page show these tables (docs/hooks.py renders them);
-    no page keeps a copy."""
+    """docs/configuration.md and each method's page show these tables (docs/hooks.py writes them
+    into the pages; tests/test_docs.py fails while a committed copy differs from the code)."""
     for name, m in declarations().items():
         table = reference.method_keys(name)
         assert f"<!-- pflower:keys {name} -->" in (ROOT / "docs" / "methods" / f"{name}.md").read_text()
@@ -47,7 +47,8 @@ def test_the_generated_key_tables_list_every_methods_keys_with_default_and_descr
 
 
 def test_the_docs_show_the_example_serverapp_as_it_is():
-    """docs/serverapp.md includes the file at build time, so the page cannot drift from it."""
+    """docs/serverapp.md shows the file as a generated section (current: tests/test_docs.py), and
+    the build includes it afresh, so the site cannot drift from it."""
     import importlib.util
 
     assert "<!-- pflower:include examples/quickstart/server_app.py -->" in (ROOT / "docs" / "serverapp.md").read_text()
