@@ -18,8 +18,7 @@ from pflower.client_app.app import PERSONAL
 from pflower.client_app.scaffold import step_sum
 from pflower.config import ConfigError, load_settings
 from pflower.datasets import Split
-from pflower.methods.scaffold import C_CLIENT, C_SERVER, DELTA_C
-from pflower.models.controls import controls, with_controls
+from pflower.models.controls import C_CLIENT, C_SERVER, DELTA_C, controls, with_controls
 from pflower.records import from_record, payload_bytes, to_record
 from pflower.strategies.scaffold import Scaffold
 from pflower.strategies.validation import Reply

@@ -22,9 +22,8 @@ from torch import nn
 
 from pflower.client_app.base import ClientMethod
 from pflower.datasets import Split
-from pflower.methods.scaffold import C_CLIENT, C_SERVER, DELTA_C
 from pflower.models import communicable_keys
-from pflower.models.controls import controls
+from pflower.models.controls import C_CLIENT, C_SERVER, DELTA_C, controls
 
 
 def step_sum(steps: int, lr: float, momentum: float) -> float:

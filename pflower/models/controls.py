@@ -7,6 +7,10 @@ update of it, Δc_i). Being in the state dict, they travel and persist as the mo
 server's arrays load into them, the client's personal state (saved to disk after every round)
 keeps c_i, and the upload takes Δc_i from them. The forward pass never reads them. BatchNorm's
 running statistics are buffers, not parameters: they get no control variate.
+
+The arrays both sides exchange: the model's own keys carry x (server to client) and y_i (client
+to server); ``C_SERVER + <k>`` carries c (server to client), ``DELTA_C + <k>`` Δc_i (client to
+server); ``C_CLIENT + <k>`` never leaves the client.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pflower.methods.scaffold import C_CLIENT, C_SERVER, DELTA_C, PREFIX
+#: Prefix of every control-variate array in the model's state.
+PREFIX = "scaffold."
+#: The server's control variate c, the client's c_i, and the client's last update Δc_i.
+C_SERVER, C_CLIENT, DELTA_C = f"{PREFIX}c.", f"{PREFIX}c_i.", f"{PREFIX}delta_c."
 
 
 def _tree(shapes: dict[str, torch.Tensor]) -> nn.Module:

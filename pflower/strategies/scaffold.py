@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from pflower.config import ConfigError, Settings
-from pflower.methods.scaffold import C_SERVER, DELTA_C, PREFIX
+from pflower.models.controls import C_SERVER, DELTA_C, PREFIX
 from pflower.models.layers import RUNNING_STATS
 from pflower.records import from_record, to_record
 from pflower.strategies.loop import TrainRounds
