@@ -1,4 +1,4 @@
-"""SuPerFed (Jeong and Hwang, KDD 2022): a federated and a local model joined by a low-loss line.
+"""SuPerFed (Hahn, Jeong and Lee, KDD 2022): a federated and a local model joined by a low-loss line.
 
 ``POOLED_KEY`` is the evaluate-config key both sides use: the federation's held-out loss curve.
 """
