@@ -258,7 +258,7 @@ class Eta:
             if k == 0 and current is not None and current[0] > 0:
                 total += current[1] / current[0] * (run.rounds - current[0])
             elif (e := self.of(run)) is not None:
-                total += e - (current[1] if k == 0 and current is not None else 0.0)
+                total += max(e - (current[1] if k == 0 and current is not None else 0.0), 0.0)
             else:
                 return "time left unknown until a run of this suite has a record"
         return f"about {duration(max(total, 0.0))} left"
