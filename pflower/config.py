@@ -146,7 +146,13 @@ class Settings(BaseModel):
         True,
         description="one message per client per round: a round's evaluation rides on the next round's training message (the client evaluates first), the last round's goes alone; the same metrics as `false`, which sends every evaluation as a phase of its own",
     )
-    local_epochs: int = Field(5, ge=1, le=1000, description="local epochs per round")
+    local_epochs: int = Field(5, ge=1, le=1000, description="local epochs per round (with `local-steps` = 0)")
+    local_steps: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="> 0: each round's local training is exactly this many minibatch steps instead of `local-epochs` epochs, cycling over the client's training data (a new random order each pass, the last batch of a pass possibly smaller), e.g. the double-head paper's 2 steps per round; a step is one minibatch of the training loop (Per-FedAvg: one MAML step of its 2 or 3 batches; pFedMe: one outer step with its `pfedme.k` inner steps). It replaces `local-epochs` only: `finetune-epochs`, `ditto.personal-epochs` and `fedrep.body-epochs` stay epochs (FedRep: `local-steps` head steps, then the body epochs). 0: `local-epochs`",
+    )
     batch_size: int = Field(32, ge=1, le=65536, description="minibatch size")
     lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")
     optimizer: Literal["sgd", "adam"] = Field(
@@ -485,6 +491,7 @@ SCOPED_KEYS = (
     ("momentum", "momentum", lambda s: s.optimizer == "sgd", "optimizer 'sgd'"),
     ("download", "download", lambda s: s.dataset in ("cifar10", "cifar100"), "dataset 'cifar10' or 'cifar100'"),
     ("client-sizes", "client_sizes", lambda s: s.partition == "sizes", "partition 'sizes'"),
+    ("local-epochs", "local_epochs", lambda s: s.local_steps == 0, "local-steps=0 (local-steps > 0 sets each round's training in steps instead)"),
     ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
     ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),
     ("mlflow-experiment", "mlflow_experiment", lambda s: s.mlflow, "mlflow=true"),

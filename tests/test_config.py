@@ -55,6 +55,7 @@ def test_method_params_are_the_chosen_methods():
         ("batch-size", "32", "valid integer"),
         ("lr", "0.1", "valid number"),
         ("download", 1, "valid boolean"),
+        ("local-steps", -1, "greater than or equal to 0"),
     ],
 )
 def test_bad_value_names_key_value_and_rule(key, value, fragment):
@@ -110,3 +111,11 @@ def test_cross_key_rules():
 def test_valid_mnist_config():
     s = load_settings(run_config(dataset="mnist", data_dir=str(MNIST_DIR), lr=0.01))
     assert s.lr == 0.01 and s.data_path == MNIST_DIR.resolve() and s.image_shape == (1, 28, 28)
+
+
+def test_local_steps_replace_local_epochs_which_is_refused_beside_them():
+    assert load_settings(run_config(local_steps=2)).local_steps == 2
+    assert load_settings(run_config(local_steps=2, local_epochs=5)).local_epochs == 5  # the default: not set
+    with pytest.raises(ConfigError, match="'local-epochs' = 1 is not allowed: only for local-steps=0") as err:
+        load_settings(run_config(local_steps=2, local_epochs=1))
+    assert len(err.value.problems) == 1

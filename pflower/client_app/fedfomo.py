@@ -61,4 +61,4 @@ class FedFomoClient(ClientMethod):
 
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         train, _ = self._split(data)
-        return self._train(model, train, seed, epochs=self.settings.local_epochs)
+        return self._train_local(model, train, seed)

@@ -91,7 +91,7 @@ class SuperFedClient(ClientMethod):
 
         model.set_lambda(0.0)
         try:
-            return self._train(model, train, seed, epochs=s.local_epochs, params=fed + local if mixing else fed, loss_fn=loss_fn)
+            return self._train_local(model, train, seed, params=fed + local if mixing else fed, loss_fn=loss_fn)
         finally:
             model.set_lambda(0.0)
 

@@ -1,0 +1,79 @@
+"""The training control the papers state: ``local-steps`` (minibatch steps instead of epochs),
+in the one training loop and through the methods' own epoch keys. Every method's in-process run
+with local steps is in tests/test_methods.py."""
+
+import torch
+from conftest import run_config
+
+from pflower import training
+from pflower.config import load_settings
+from pflower.datasets import Split
+
+
+def _same_model(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------- local-steps
+
+
+def _data(n=20):
+    g = torch.Generator().manual_seed(0)
+    return Split(torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def test_steps_are_exactly_that_many_minibatches_cycling_over_the_data_in_a_new_order_each_pass():
+    data = _data(20)
+    got = list(training.steps_of(data, 8, torch.Generator().manual_seed(0), epochs=5, steps=7))
+    assert [len(y) for _, y in got] == [8, 8, 4, 8, 8, 4, 8]  # 2.33 passes: the last batch of a pass is smaller
+    first, second = torch.cat([y for _, y in got[:3]]), torch.cat([y for _, y in got[3:6]])
+    assert sorted(first.tolist()) == sorted(data.y.tolist()) == sorted(second.tolist())  # each pass sees every sample once
+    orders = [torch.cat([x.flatten(1)[:, 0] for x, _ in got[i : i + 3]]) for i in (0, 3)]
+    assert not torch.equal(*orders)  # in another order
+    assert len(list(training.steps_of(data, 8, torch.Generator().manual_seed(0), epochs=2))) == 6  # steps=0: epochs
+    assert len(list(training.steps_of(data, 64, torch.Generator().manual_seed(0), epochs=1, steps=2))) == 2  # one batch, twice
+
+
+def test_local_steps_train_the_same_for_a_seed_and_count_steps_not_epochs():
+    from pflower.build import build_model
+
+    s = load_settings(run_config())
+    data = _data(40)
+    calls = []
+
+    def counting(model, x, y):
+        calls.append(len(y))
+        return training.cross_entropy(model, x, y)
+
+    def trained(seed, steps):
+        model = build_model(s, (1, 8, 8), 10, 0)
+        training.train(model, data, epochs=5, steps=steps, batch_size=16, lr=0.1, seed=seed, loss_fn=counting)
+        return model.state_dict()
+
+    a, b, c = trained(0, 2), trained(0, 2), trained(1, 2)
+    assert _same_model(a, b) and not _same_model(a, c)
+    assert calls == [16, 16] * 3
+    calls.clear()
+    trained(0, 0)
+    assert len(calls) == 5 * 3  # local-epochs=5 of 3 batches
+
+
+def test_fedrep_takes_its_head_in_steps_and_its_body_in_epochs(monkeypatch):
+    """local-steps replaces local-epochs only: FedRep's body epochs (its own key) stay epochs,
+    as do fine-tuning epochs."""
+    from pflower.build import build_model, client_method
+
+    s = load_settings(run_config(method="fedrep", local_steps=3, fedrep__body_epochs=2))
+    calls = []
+    real = training.train
+
+    def spy(model, data, **kw):
+        calls.append((kw["epochs"], kw["steps"]))
+        return real(model, data, **kw)
+
+    monkeypatch.setattr("pflower.client_app.base.train", spy)
+    client = client_method(s)
+    model = build_model(s, (1, 8, 8), 10, 0)
+    client.fit(model, _data(40), {}, seed=0, server_round=1)
+    client.finetune(model, _data(40), seed=0, epochs=1)
+    assert calls == [(s.local_epochs, 3), (2, 0), (1, 0)]
