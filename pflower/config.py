@@ -166,7 +166,18 @@ class Settings(BaseModel):
         lt=1,
         description="the step size of round r is `lr` × (1 − `lr-decay`)^(r − 1), for every method's local training, fine-tuning included (not Per-FedAvg's one-step adaptation before evaluation); SuPerFed's protocol uses 0.01",
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the partition, the initial model, client sampling and every client's minibatch order")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**31 - 1,
+        description="seeds the initial model, client sampling and every client's minibatch order, and the data (see `data-seed`) unless `data-seed` is set",
+    )
+    data_seed: int = Field(
+        -1,
+        ge=-1,
+        le=2**31 - 1,
+        description="seeds the data apart from training: the partition, each client's train/test split and its validation hold-out (SuPerFed's, FedFomo's), label noise and feature-shift domains (a node's own test split with `dataset='node'`); `seed` still drives the initial model, sampling and training. So FedeRiCo's 5 splits × 3 training seeds are 5 values here × 3 of `seed`. -1: the same as `seed`",
+    )
     results_dir: str = Field(
         "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
     )
@@ -295,6 +306,12 @@ class Settings(BaseModel):
             self.dataset, str(self.data_path) if self.data_dir else "", self.download, self.image_size, self.torchvision_name, self.emnist_split,
             self.hf_image_column, self.hf_label_column, self.natural_id_column if self.partition == "natural-id" else "",
         )  # fmt: skip
+
+    @property
+    def split_seed(self) -> int:
+        """The seed of everything about the data (``data-seed``; -1: ``seed``): the partition,
+        the train/test splits and hold-outs, label noise, feature-shift domains."""
+        return self.seed if self.data_seed < 0 else self.data_seed
 
     @property
     def data_path(self) -> Path:

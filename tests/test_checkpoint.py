@@ -76,6 +76,7 @@ def test_checkpoint_written_every_round(tmp_path, grid_factory):
         ({"lr": 0.05}, "run config key 'lr' = 0.05 is not allowed: differs from the checkpoint"),
         ({"num_server_rounds": 1}, "run config key 'num-server-rounds' = 1 is not allowed: must be >= 2"),
         ({"state_dir": "/elsewhere"}, "run config key 'state-dir' = '/elsewhere' is not allowed: differs from the checkpoint"),
+        ({"data_seed": 3}, "run config key 'data-seed' = 3 is not allowed: differs from the checkpoint in .* \\(-1\\)"),
     ],
 )
 def test_incompatible_resume_is_refused(tmp_path, grid_factory, change, message):

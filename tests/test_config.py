@@ -56,6 +56,7 @@ def test_method_params_are_the_chosen_methods():
         ("lr", "0.1", "valid number"),
         ("download", 1, "valid boolean"),
         ("local-steps", -1, "greater than or equal to 0"),
+        ("data-seed", -2, "greater than or equal to -1"),
     ],
 )
 def test_bad_value_names_key_value_and_rule(key, value, fragment):
@@ -111,6 +112,10 @@ def test_cross_key_rules():
 def test_valid_mnist_config():
     s = load_settings(run_config(dataset="mnist", data_dir=str(MNIST_DIR), lr=0.01))
     assert s.lr == 0.01 and s.data_path == MNIST_DIR.resolve() and s.image_shape == (1, 28, 28)
+
+
+def test_the_data_seed_is_the_seed_unless_set():
+    assert load_settings(run_config(seed=3)).split_seed == 3 and load_settings(run_config(seed=3, data_seed=0)).split_seed == 0
 
 
 def test_local_steps_replace_local_epochs_which_is_refused_beside_them():

@@ -1,17 +1,74 @@
-"""The training control the papers state: ``local-steps`` (minibatch steps instead of epochs),
-in the one training loop and through the methods' own epoch keys. Every method's in-process run
-with local steps is in tests/test_methods.py."""
+"""The data and training controls the papers state: ``data-seed`` (the data apart from
+training) and ``local-steps`` (minibatch steps instead of epochs, in the one training loop and
+through the methods' own epoch keys). Every method's in-process run with local steps is in
+tests/test_methods.py."""
 
+import numpy as np
+import pytest
 import torch
 from conftest import run_config
 
 from pflower import training
+from pflower.build import build_strategy
 from pflower.config import load_settings
-from pflower.datasets import Split
+from pflower.datasets import Split, client_data, federated_indices
+from pflower.records import from_record
+
+N = 4
+
+
+def _settings(**kw):
+    return load_settings(run_config(**{"partition": "dirichlet", "dirichlet_alpha": 0.5, "label_noise": "symmetric", "label_noise_ratio": 0.2,
+                                       "feature_shift": "noise", **kw}))  # fmt: skip
+
+
+def _clients(s):
+    """Every client's (train indices, test indices, noisy training labels, shifted training inputs)."""
+    fi = federated_indices(s, N)
+    return [(fi.train[c], fi.test[c], *(lambda tr: (tr.y, tr.x))(client_data(s, c, N)[0])) for c in range(N)]
+
+
+def _same_data(a, b) -> bool:
+    return all(all(np.array_equal(x, y) if isinstance(x, np.ndarray) else torch.equal(x, y) for x, y in zip(p, q)) for p, q in zip(a, b))
+
+
+def _initial(s):
+    return from_record(build_strategy(s).initial_arrays)
 
 
 def _same_model(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_data_seed_fixes_the_data_and_the_seed_the_training():
+    """Same data-seed, another seed: the same clients (indices, noisy labels, shifted inputs) and
+    another initial model. Another data-seed, the same seed: other clients, the same initial
+    model. data-seed=-1 is seed. (The partition cache is keyed by the whole settings, the data
+    seed included: the calls below share one process.)"""
+    base = _settings(seed=0, data_seed=7)
+    other_seed = _settings(seed=1, data_seed=7)
+    other_data = _settings(seed=0, data_seed=8)
+    assert _same_data(_clients(base), _clients(other_seed))
+    assert not _same_model(_initial(base), _initial(other_seed))
+    assert not _same_data(_clients(base), _clients(other_data))
+    assert not any(np.array_equal(a[0], b[0]) for a, b in zip(_clients(base), _clients(other_data)))
+    assert _same_model(_initial(base), _initial(other_data))
+    assert _same_data(_clients(_settings(seed=7)), _clients(base))  # -1: the data seed is seed
+    assert _same_data(_clients(_settings(seed=0, data_seed=7)), _clients(base))  # a seed gives the same data every time
+
+
+@pytest.mark.parametrize("method", ["superfed", "fedfomo"])
+def test_the_validation_hold_out_follows_the_data_seed(method):
+    """SuPerFed's and FedFomo's hold-out of the training split is data: drawn by the data seed."""
+    from pflower.build import client_method
+
+    data = Split(torch.randn(50, 1, 8, 8), torch.arange(50) % 10)
+
+    def held(**kw):
+        return client_method(load_settings(run_config(method=method, **kw)))._split(data)[1].x
+
+    assert torch.equal(held(seed=0, data_seed=3), held(seed=1, data_seed=3))
+    assert not torch.equal(held(seed=0, data_seed=3), held(seed=0, data_seed=4))
 
 
 # ---------------------------------------------------- local-steps

@@ -68,7 +68,7 @@ class SuperFedClient(ClientMethod):
         return model.state_dict()
 
     def _split(self, data: Split) -> tuple[Split, Split]:
-        return holdout(data, VALIDATION_FRACTION, self.settings.seed)
+        return holdout(data, VALIDATION_FRACTION, self.settings.split_seed)
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         s = self.settings

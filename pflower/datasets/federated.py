@@ -1,7 +1,8 @@
 """The federated view of a data set: each client's train/test tensors and the global test set.
 
 Built from the run settings alone, so every process (server, simulated client, SuperNode)
-derives the same partition for the same seed. Results are cached per process.
+derives the same partition for the same data seed (``data-seed``, by default ``seed``). Results
+are cached per process, keyed by the whole settings (the data seed included).
 """
 
 from __future__ import annotations
@@ -106,19 +107,19 @@ def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[n
             raise P.PartitionError("partition 'natural-id' needs a data set with an id column (natural-id-column)")
         return P.natural_id(pool.ids, num_clients), None
     if s.partition == "shards":
-        return P.shards(labels, num_clients, s.shards_per_client, s.seed), None
+        return P.shards(labels, num_clients, s.shards_per_client, s.split_seed), None
     if s.partition in ("linear", "exponential", "sizes"):
         sizes = P.parse_sizes(s.client_sizes) if s.partition == "sizes" else None
-        return P.quantity_skew(labels, num_clients, s.partition, s.seed, sizes), None
+        return P.quantity_skew(labels, num_clients, s.partition, s.split_seed, sizes), None
     if s.partition == "iid":
-        return P.iid(labels, num_clients, s.seed), None
+        return P.iid(labels, num_clients, s.split_seed), None
     if s.partition == "dirichlet":
-        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, s.seed), None
+        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, s.split_seed), None
     if s.partition == "pathological":
-        return P.pathological(labels, num_clients, s.classes_per_client, s.seed, s.samples_per_client), None
+        return P.pathological(labels, num_clients, s.classes_per_client, s.split_seed, s.samples_per_client), None
     if s.partition == "dominant":
-        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.seed, s.samples_per_client), None
-    return P.label_groups(labels, num_clients, s.label_groups, s.seed, s.samples_per_client, s.group_assignment)
+        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.split_seed, s.samples_per_client), None
+    return P.label_groups(labels, num_clients, s.label_groups, s.split_seed, s.samples_per_client, s.group_assignment)
 
 
 @lru_cache(maxsize=8)
@@ -138,7 +139,7 @@ def split_indices(pool: Pool, num_clients: int, settings: Settings) -> Federated
                 f"partition '{settings.partition}' leaves client {cid} with {len(idx)} samples "
                 f"(of {len(labels)} for {num_clients} clients); use fewer clients or another partition"
             )
-        tr, te = P.train_test_split(idx, labels, settings.test_fraction, settings.seed + cid)
+        tr, te = P.train_test_split(idx, labels, settings.test_fraction, settings.split_seed + cid)
         train.append(tr)
         test.append(te)
     return FederatedIndices(tuple(train), tuple(test), groups)
@@ -163,11 +164,11 @@ def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[S
     tr, te = torch.from_numpy(fi.train[client_id]), torch.from_numpy(fi.test[client_id])
     y_train = pool.y[tr]
     if settings.label_noise != "none" and settings.label_noise_ratio > 0:
-        seed = int(np.random.SeedSequence([settings.seed, client_id, 7]).generate_state(1)[0])
+        seed = int(np.random.SeedSequence([settings.split_seed, client_id, 7]).generate_state(1)[0])
         y_train = P.noisy_labels(y_train, settings.label_noise, settings.label_noise_ratio, pool.num_classes, seed)
     x_train, x_test = pool.x[tr], pool.x[te]
     if settings.feature_shift != "none":
-        domain = domain_of(settings.feature_shift, settings.seed, client_id, num_clients)
+        domain = domain_of(settings.feature_shift, settings.split_seed, client_id, num_clients)
         x_train, x_test = domain.apply(x_train), domain.apply(x_test)
     return Split(x_train, y_train), Split(x_test, pool.y[te])
 
@@ -185,7 +186,7 @@ def client_domain(settings: Settings, client_id: int, num_clients: int) -> str:
     """What sets client ``client_id``'s inputs apart: its feature-shift domain, or the natural ids
     it holds (``natural-id``); '' when the clients differ in their labels only."""
     if settings.feature_shift != "none":
-        return domain_of(settings.feature_shift, settings.seed, client_id, num_clients).name(pool_for(settings).shape[0])
+        return domain_of(settings.feature_shift, settings.split_seed, client_id, num_clients).name(pool_for(settings).shape[0])
     if settings.partition == "natural-id" and (ids := pool_for(settings).ids) is not None:
         held = P.natural_ids_of(ids, num_clients, client_id)
         return ", ".join(held[:3]) + (f" (+{len(held) - 3})" if len(held) > 3 else "")
