@@ -1,16 +1,18 @@
 """The data and training controls the papers state: ``data-seed`` (the data apart from
-training) and ``local-steps`` (minibatch steps instead of epochs, in the one training loop and
-through the methods' own epoch keys). Every method's in-process run with local steps is in
-tests/test_methods.py."""
+training), ``local-steps`` (minibatch steps instead of epochs, in the one training loop and
+through the methods' own epoch keys), and how ``client-classes`` is checked against the number
+of clients. The partitions themselves are in tests/test_partition.py, every method's in-process
+run with local steps in tests/test_methods.py."""
 
 import numpy as np
 import pytest
 import torch
-from conftest import run_config
+from conftest import ROOT, run_config
 
-from pflower import training
+from pflower import launcher, training
 from pflower.build import build_strategy
-from pflower.config import load_settings
+from pflower.check import check
+from pflower.config import ConfigError, check_data, load_settings
 from pflower.datasets import Split, client_data, federated_indices
 from pflower.records import from_record
 
@@ -134,3 +136,37 @@ def test_fedrep_takes_its_head_in_steps_and_its_body_in_epochs(monkeypatch):
     client.fit(model, _data(40), {}, seed=0, server_round=1)
     client.finetune(model, _data(40), seed=0, epochs=1)
     assert calls == [(s.local_epochs, 3), (2, 0), (1, 0)]
+
+
+# ---------------------------------------------------- the number of clients, before anything starts
+
+
+@pytest.mark.parametrize(
+    "overrides,clients,message",
+    [
+        ("partition='classes' client-classes='0,1;2,3;4,5,6,7,8,9'", 4, "run config key 'client-classes' = '0,1;2,3;4,5,6,7,8,9' is not allowed: "
+         "client-classes gives 3 groups for 4 clients; give one group per client"),
+    ],
+)  # fmt: skip
+def test_a_partition_the_clients_cannot_fill_is_named_by_pflower_check_and_pflower_sim(monkeypatch, capsys, tmp_path, overrides, clients, message):
+    overrides += f" results-dir='{tmp_path}'"
+    assert message in check(ROOT, overrides, num_clients=clients)
+    monkeypatch.setattr(launcher, "simulate", lambda *a, **k: pytest.fail("pflower-sim started a simulation"))
+    assert launcher.main(["-c", overrides, "--num-clients", str(clients)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_client_classes_of_the_right_count_pass_the_data_check():
+    check_data(load_settings(run_config(partition="classes", client_classes="0,1;2,3;4,5,6,7,8,9")), 3)
+    with pytest.raises(ConfigError, match="'client-classes' .* gives 3 groups for 2 clients"):
+        check_data(load_settings(run_config(partition="classes", client_classes="0,1;2,3;4,5,6,7,8,9")), 2)
+
+
+def test_the_serverapp_stops_naming_client_classes_when_the_clients_are_more(grid_factory, tmp_path):
+    """The ServerApp learns the number of clients only when they answer: clients that cannot
+    build their partition answer with the reason, and the run stops with it."""
+    from pflower.strategies.federation import NoClientsError
+
+    cfg = run_config(partition="classes", client_classes="0,1;2,3", num_server_rounds=1, results_dir=str(tmp_path))
+    with pytest.raises(NoClientsError, match="client-classes gives 2 groups for 3 clients"):
+        build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3), timeout=5)

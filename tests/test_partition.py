@@ -231,3 +231,50 @@ def test_samples_per_client_reaches_client_data():
     for cid in range(5):
         train, test = client_data(s, cid, 5)
         assert len(train) + len(test) == 40 and len(test) == 10
+
+
+# ---------------------------------------------------- classes listed per client (client-classes)
+GROUPS = [[0, 1, 2], [2, 3], [4, 5, 6, 7, 8, 9], [2]]
+
+
+def test_listed_classes_give_each_client_its_classes_and_split_a_shared_class_evenly():
+    parts = P.listed_classes(POOL, 4, GROUPS, seed=0)
+    _assert_disjoint(parts)
+    for p, group in zip(parts, GROUPS):
+        assert sorted(np.unique(POOL[p]).tolist()) == group
+    # class 2 (1,000 samples) is listed by clients 0, 1, 3: 334/333/333 in some order; the others whole
+    assert sorted(int((POOL[p] == 2).sum()) for p in (parts[0], parts[1], parts[3])) == [333, 333, 334]
+    assert [int((POOL[parts[0]] == c).sum()) for c in (0, 1)] == [1000, 1000]
+    assert len(np.concatenate(parts)) == len(POOL)
+
+
+def test_listed_classes_leave_an_unlisted_class_unused_and_keep_samples_per_client_equal_per_class():
+    parts = P.listed_classes(POOL, 2, [[0, 1], [1, 2, 3]], seed=0, samples_per_client=30)
+    assert [len(p) for p in parts] == [30, 30]
+    assert np.bincount(POOL[parts[0]], minlength=10).tolist()[:2] == [15, 15]
+    assert sorted(np.bincount(POOL[parts[1]], minlength=10)[1:4].tolist()) == [10, 10, 10]
+    assert not np.isin(POOL[np.concatenate(parts)], np.arange(4, 10)).any()
+    with pytest.raises(PartitionError, match="samples-per-client=3000 needs 1500 samples per class, a client's share of the classes client-classes lists"):
+        P.listed_classes(POOL, 2, [[0, 1], [1, 2, 3]], seed=0, samples_per_client=3000)
+
+
+def test_listed_classes_need_one_group_per_client_and_the_error_names_client_classes():
+    with pytest.raises(PartitionError, match="client-classes gives 4 groups for 3 clients; give one group per client") as err:
+        P.listed_classes(POOL, 3, GROUPS, seed=0)
+    assert err.value.key == "client-classes"
+    with pytest.raises(PartitionError, match="client-classes lists class 10; the data set's class ids are 0-9"):
+        P.listed_classes(POOL, 2, [[0], [10]], seed=0)
+
+
+def test_parse_class_groups():
+    assert P.parse_class_groups("0,1,2; 3 ,4;5") == [[0, 1, 2], [3, 4], [5]]
+    for bad in ("", "0,1;;2", "a", "0;-1", "1,1"):
+        with pytest.raises(ValueError, match="must be one group of class ids per client"):
+            P.parse_class_groups(bad)
+
+
+def test_the_classes_partition_reaches_client_data():
+    s = load_settings({"partition": "classes", "client-classes": "0,1;1,2;3,4,5,6,7,8,9"})
+    for cid, group in enumerate([[0, 1], [1, 2], [3, 4, 5, 6, 7, 8, 9]]):
+        train, test = client_data(s, cid, 3)
+        assert sorted(train.y.unique().tolist()) == group == sorted(test.y.unique().tolist())

@@ -119,6 +119,8 @@ def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[n
         return P.pathological(labels, num_clients, s.classes_per_client, s.split_seed, s.samples_per_client), None
     if s.partition == "dominant":
         return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.split_seed, s.samples_per_client), None
+    if s.partition == "classes":
+        return P.listed_classes(labels, num_clients, P.parse_class_groups(s.client_classes), s.split_seed, s.samples_per_client), None
     return P.label_groups(labels, num_clients, s.label_groups, s.split_seed, s.samples_per_client, s.group_assignment)
 
 
