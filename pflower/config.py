@@ -119,6 +119,12 @@ class Settings(BaseModel):
         le=10_000_000,
         description="`pathological`, `dominant`, `label-groups`, `classes`: every client's number of samples (before its train/test split), equal per class, the same for any number of clients (the pFedLA paper's protocol); refused with the most the pool can give when it is too large. 0: the whole pool (or the label group's share) is shared out, so clients shrink as N grows",
     )
+    data_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="use only this share of the pool, under any partition: a seeded subset drawn before partitioning, stratified by class (each class keeps round(fraction × its samples), at least 1, so class proportions are kept). The pool holds every split of the files, so FedeRiCo's 10 % of CIFAR-10's 50,000 training images is 0.0833 of its 60,000 (our reading: the paper's count). The clients' test splits and the global test set come from the subset too. With `samples-per-client` the subset is drawn first and each client's samples are then taken from it (refused when the subset cannot give them). 1: the whole pool",
+    )
     test_fraction: float = Field(0.3, gt=0, lt=1, description="share of each client's data held out as its test split")
     label_noise: LabelNoise = Field(
         "none",
@@ -180,7 +186,7 @@ class Settings(BaseModel):
         -1,
         ge=-1,
         le=2**31 - 1,
-        description="seeds the data apart from training: the partition, each client's train/test split and its validation hold-out (SuPerFed's, FedFomo's), label noise and feature-shift domains (a node's own test split with `dataset='node'`); `seed` still drives the initial model, sampling and training. So FedeRiCo's 5 splits × 3 training seeds are 5 values here × 3 of `seed`. -1: the same as `seed`",
+        description="seeds the data apart from training: the `data-fraction` subset, the partition, each client's train/test split and its validation hold-out (SuPerFed's, FedFomo's), label noise and feature-shift domains (a node's own test split with `dataset='node'`); `seed` still drives the initial model, sampling and training. So FedeRiCo's 5 splits × 3 training seeds are 5 values here × 3 of `seed`. -1: the same as `seed`",
     )
     results_dir: str = Field(
         "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
@@ -313,8 +319,8 @@ class Settings(BaseModel):
 
     @property
     def split_seed(self) -> int:
-        """The seed of everything about the data (``data-seed``; -1: ``seed``): the partition,
-        the train/test splits and hold-outs, label noise, feature-shift domains."""
+        """The seed of everything about the data (``data-seed``; -1: ``seed``): the pool subset,
+        the partition, the train/test splits and hold-outs, label noise, feature-shift domains."""
         return self.seed if self.data_seed < 0 else self.data_seed
 
     @property
@@ -523,6 +529,7 @@ SCOPED_KEYS = (
     ("download", "download", lambda s: s.dataset in ("cifar10", "cifar100"), "dataset 'cifar10' or 'cifar100'"),
     ("client-sizes", "client_sizes", lambda s: s.partition == "sizes", "partition 'sizes'"),
     ("client-classes", "client_classes", lambda s: s.partition == "classes", "partition 'classes'"),
+    ("data-fraction", "data_fraction", lambda s: not s.node_data, "a pool the run shares out (not dataset 'node', whose nodes bring their own data)"),
     ("local-epochs", "local_epochs", lambda s: s.local_steps == 0, "local-steps=0 (local-steps > 0 sets each round's training in steps instead)"),
     ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
     ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),

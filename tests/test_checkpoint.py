@@ -41,10 +41,15 @@ def _without_time(rounds):
 RESUMED = {**representatives(), "superfed": {**representatives()["superfed"], "superfed.start": 0.0}}
 
 
-@pytest.mark.parametrize("method,extra", [*RESUMED.items(), ("heurpfedla", {"heurpfedla.top-k": 2})])
+#: The data and step controls: a data seed apart from the seed, half the pool, 2 local steps.
+CONTROLS = {"data-seed": 5, "data-fraction": 0.5, "local-steps": 2, "local-epochs": 5}
+
+
+@pytest.mark.parametrize("method,extra", [*RESUMED.items(), ("heurpfedla", {"heurpfedla.top-k": 2}), ("superfed", {**RESUMED["superfed"], **CONTROLS})])
 def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method, extra):
     """2 rounds, then a new federation (fresh client contexts) resumes to 4: same metrics, same state.
-    One method per server strategy (their example configs), and HeurpFedLA retaining 2 layers."""
+    One method per server strategy (their example configs), HeurpFedLA retaining 2 layers, and
+    SuPerFed (its hold-out drawn by the data seed) with the data and step controls."""
     kw = dict(method=method, fraction_train=0.67, extra=extra)
     full, full_doc = _run(grid_factory, tmp_path / "full", 4, **kw)
     _run(grid_factory, tmp_path / "first", 2, **kw)

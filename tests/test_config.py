@@ -58,6 +58,8 @@ def test_method_params_are_the_chosen_methods():
         ("local-steps", -1, "greater than or equal to 0"),
         ("data-seed", -2, "greater than or equal to -1"),
         ("client-classes", 3, "valid string"),
+        ("data-fraction", 0.0, "greater than 0"),
+        ("data-fraction", 1.5, "less than or equal to 1"),
     ],
 )
 def test_bad_value_names_key_value_and_rule(key, value, fragment):
@@ -140,6 +142,13 @@ def test_client_classes_names_its_key_and_what_is_allowed(keys, message):
 def test_client_classes_accepts_groups_with_spaces_and_samples_per_client():
     s = load_settings(run_config(partition="classes", client_classes=" 0, 1,2 ;3;4,5,6,7,8,9", samples_per_client=30))
     assert s.client_classes == " 0, 1,2 ;3;4,5,6,7,8,9"
+
+
+def test_data_fraction_combines_with_samples_per_client_and_is_refused_for_the_nodes_own_data():
+    assert load_settings(run_config(data_fraction=0.1, samples_per_client=8)).data_fraction == 0.1  # the subset first, then each client's samples
+    with pytest.raises(ConfigError, match="'data-fraction' = 0.5 is not allowed: only for a pool the run shares out \\(not dataset 'node'") as err:
+        load_settings(run_config(dataset="node", data_fraction=0.5))
+    assert len(err.value.problems) == 1
 
 
 def test_the_data_seed_is_the_seed_unless_set():

@@ -1,7 +1,7 @@
 """The data and training controls the papers state: ``data-seed`` (the data apart from
-training), ``local-steps`` (minibatch steps instead of epochs, in the one training loop and
-through the methods' own epoch keys), and how ``client-classes`` is checked against the number
-of clients. The partitions themselves are in tests/test_partition.py, every method's in-process
+training, the ``data-fraction`` subset included), ``local-steps`` (minibatch steps instead of
+epochs, in the one training loop and through the methods' own epoch keys), and how
+``client-classes`` and ``data-fraction`` are checked against the number of clients. The partitions themselves are in tests/test_partition.py, every method's in-process
 run with local steps in tests/test_methods.py."""
 
 import numpy as np
@@ -21,7 +21,7 @@ N = 4
 
 def _settings(**kw):
     return load_settings(run_config(**{"partition": "dirichlet", "dirichlet_alpha": 0.5, "label_noise": "symmetric", "label_noise_ratio": 0.2,
-                                       "feature_shift": "noise", **kw}))  # fmt: skip
+                                       "feature_shift": "noise", "data_fraction": 0.5, **kw}))  # fmt: skip
 
 
 def _clients(s):
@@ -146,6 +146,8 @@ def test_fedrep_takes_its_head_in_steps_and_its_body_in_epochs(monkeypatch):
     [
         ("partition='classes' client-classes='0,1;2,3;4,5,6,7,8,9'", 4, "run config key 'client-classes' = '0,1;2,3;4,5,6,7,8,9' is not allowed: "
          "client-classes gives 3 groups for 4 clients; give one group per client"),
+        ("partition='iid' data-fraction=0.002", 10, "run config key 'partition' = 'iid' is not allowed: partition 'iid' leaves client 0 with 1 samples "
+         "(of 10, data-fraction=0.002 of 1797, for 10 clients)"),
     ],
 )  # fmt: skip
 def test_a_partition_the_clients_cannot_fill_is_named_by_pflower_check_and_pflower_sim(monkeypatch, capsys, tmp_path, overrides, clients, message):

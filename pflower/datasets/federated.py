@@ -99,29 +99,47 @@ def check_data(settings: Settings, num_clients: int | None = None) -> None:
         split_indices(pool, num_clients, settings)
 
 
+def pool_subset(pool: Pool, s: Settings) -> np.ndarray | None:
+    """The pool indices ``data-fraction`` keeps (stratified by class, seeded by the data seed);
+    None for the whole pool."""
+    if s.data_fraction >= 1:
+        return None
+    seed = int(np.random.SeedSequence([s.split_seed, 13]).generate_state(1)[0])
+    return P.stratified_subset(pool.y.numpy(), s.data_fraction, seed)
+
+
 def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """One index array per client for the configured partition."""
-    labels = pool.y.numpy()
+    """One index array per client into the pool for the configured partition (of the
+    ``data-fraction`` subset, when it is set)."""
+    keep = pool_subset(pool, s)
+    labels = pool.y.numpy() if keep is None else pool.y.numpy()[keep]
+    ids = pool.ids if keep is None or pool.ids is None else pool.ids[keep]
+    parts, groups = _partition(labels, ids, num_clients, s)
+    return (parts if keep is None else [keep[p] for p in parts]), groups
+
+
+def _partition(labels: np.ndarray, ids: np.ndarray | None, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
+    seed = s.split_seed
     if s.partition == "natural-id":
-        if pool.ids is None:
+        if ids is None:
             raise P.PartitionError("partition 'natural-id' needs a data set with an id column (natural-id-column)")
-        return P.natural_id(pool.ids, num_clients), None
+        return P.natural_id(ids, num_clients), None
     if s.partition == "shards":
-        return P.shards(labels, num_clients, s.shards_per_client, s.split_seed), None
+        return P.shards(labels, num_clients, s.shards_per_client, seed), None
     if s.partition in ("linear", "exponential", "sizes"):
         sizes = P.parse_sizes(s.client_sizes) if s.partition == "sizes" else None
-        return P.quantity_skew(labels, num_clients, s.partition, s.split_seed, sizes), None
+        return P.quantity_skew(labels, num_clients, s.partition, seed, sizes), None
     if s.partition == "iid":
-        return P.iid(labels, num_clients, s.split_seed), None
+        return P.iid(labels, num_clients, seed), None
     if s.partition == "dirichlet":
-        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, s.split_seed), None
+        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, seed), None
     if s.partition == "pathological":
-        return P.pathological(labels, num_clients, s.classes_per_client, s.split_seed, s.samples_per_client), None
+        return P.pathological(labels, num_clients, s.classes_per_client, seed, s.samples_per_client), None
     if s.partition == "dominant":
-        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.split_seed, s.samples_per_client), None
+        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, seed, s.samples_per_client), None
     if s.partition == "classes":
-        return P.listed_classes(labels, num_clients, P.parse_class_groups(s.client_classes), s.split_seed, s.samples_per_client), None
-    return P.label_groups(labels, num_clients, s.label_groups, s.split_seed, s.samples_per_client, s.group_assignment)
+        return P.listed_classes(labels, num_clients, P.parse_class_groups(s.client_classes), seed, s.samples_per_client), None
+    return P.label_groups(labels, num_clients, s.label_groups, seed, s.samples_per_client, s.group_assignment)
 
 
 @lru_cache(maxsize=8)
@@ -137,9 +155,11 @@ def split_indices(pool: Pool, num_clients: int, settings: Settings) -> Federated
     train, test = [], []
     for cid, idx in enumerate(parts):
         if len(idx) < 2:
+            keep = pool_subset(pool, settings)
+            pooled = f"{len(labels)}" if keep is None else f"{len(keep)}, data-fraction={settings.data_fraction} of {len(labels)},"
             raise P.PartitionError(
                 f"partition '{settings.partition}' leaves client {cid} with {len(idx)} samples "
-                f"(of {len(labels)} for {num_clients} clients); use fewer clients or another partition"
+                f"(of {pooled} for {num_clients} clients); use fewer clients or another partition"
             )
         tr, te = P.train_test_split(idx, labels, settings.test_fraction, settings.split_seed + cid)
         train.append(tr)

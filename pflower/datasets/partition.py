@@ -7,7 +7,7 @@ its IidPartitioner, ``natural_id`` the same partitions as its NaturalIdPartition
 are as many ids as clients, both without the import); the pFedLA settings (``pathological``: k
 classes with equal samples per class; ``dominant``: all classes, a few dominant) and the
 FedeRiCo setting (``label-groups``) and explicit class lists (``listed_classes``) have no
-counterpart there.
+counterpart there; ``stratified_subset`` draws ``data-fraction`` of the pool before any of them.
 """
 
 from __future__ import annotations
@@ -120,6 +120,17 @@ def listed_classes(labels: np.ndarray, num_clients: int, groups: list[list[int]]
     if samples_per_client:
         parts = [_class_balanced_subset(p, labels, samples_per_client, rng, "share of the classes client-classes lists") for p in parts]
     return parts
+
+
+def stratified_subset(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded ``fraction`` of the pool, stratified by class (``data-fraction``):
+    each class keeps round(fraction × its samples), at least one, drawn at random."""
+    rng = np.random.default_rng(seed)
+    keep = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        keep.append(rng.permutation(idx)[: max(1, int(round(fraction * len(idx))))])
+    return np.sort(np.concatenate(keep))
 
 
 def quantity_skew(labels: np.ndarray, num_clients: int, kind: str, seed: int, sizes: list[int] | None = None) -> list[np.ndarray]:
