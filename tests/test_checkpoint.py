@@ -91,6 +91,19 @@ def test_incompatible_resume_is_refused(tmp_path, grid_factory, change, message)
         load_checkpoint(load_settings(cfg))
 
 
+def test_a_checkpoint_older_than_a_key_resumes_only_with_its_default(tmp_path, grid_factory):
+    """A checkpoint written before ``data-seed`` existed: its run had the default, which a resumed
+    run must keep."""
+    _run(grid_factory, tmp_path / "a", 2)
+    raw = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+    raw["config"] = json.dumps({k: v for k, v in json.loads(raw["config"]).items() if k != "data-seed"})
+    torch.save(raw, tmp_path / "a" / CHECKPOINT)
+    cfg = run_config(num_server_rounds=3, local_epochs=1, samples_per_client=60, results_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a"))
+    assert load_checkpoint(load_settings(cfg)).round == 2
+    with pytest.raises(ConfigError, match="'data-seed' = 3 is not allowed: the checkpoint in .* predates this key, so its run had the default -1"):
+        load_checkpoint(load_settings({**cfg, "data-seed": 3}))
+
+
 def test_missing_or_corrupt_checkpoint_is_refused(tmp_path):
     settings = load_settings(run_config(resume_from=str(tmp_path)))
     with pytest.raises(ConfigError, match="no checkpoint.pt in that directory"):
