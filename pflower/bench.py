@@ -122,16 +122,65 @@ def machine() -> dict[str, Any]:
     }
 
 
-def make_record(metrics: dict[str, Any], wall_seconds: float, clients: int, machine_info: dict[str, Any] | None = None) -> dict[str, Any]:
+def data_fingerprint(config: dict[str, Any]) -> str:
+    """What a run's data is, not where: a BLAKE2 digest of the pool a run of ``config`` reads
+    (its images' shape and values, its labels), so records made on other data under the same
+    folder are told apart."""
+    import hashlib
+
+    from pflower.datasets.federated import load_pool
+
+    pool = load_pool(load_settings(dict(config)).source)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(repr((tuple(pool.x.shape), pool.num_classes)).encode())
+    digest.update(pool.y.numpy().tobytes())
+    digest.update(pool.x.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+#: Run-config keys that choose the pool a run reads (before partitioning).
+DATA_KEYS = ("dataset", "data-dir", "torchvision-name", "emnist-split", "hf-image-column", "hf-label-column", "image-size", "natural-id-column")
+
+
+def data_key(config: dict[str, Any]) -> tuple:
+    """The keys that name a run's data, its folder by name only (a record made elsewhere matches)."""
+    return tuple((k, Path(v).name if k == "data-dir" else v) for k, v in sorted(config.items()) if k in DATA_KEYS)
+
+
+def check_same_data(runs: list[Run], records: Path, suite: str, now: dict[tuple, str] | None = None) -> None:
+    """Stop when a suite's records were made on different data for the same data keys (each
+    other's, or ``now``'s: the digest of what the data root holds now); records from before
+    digests were kept say nothing and pass."""
+    seen: dict[tuple, tuple[str, Path]] = {}
+    for run in runs:
+        doc = load_record(run, records, suite)
+        digest = (doc or {}).get("bench", {}).get("data")
+        if digest is None:
+            continue
+        key, path = data_key(run.config), run.record(records, suite)
+        if now is not None and key in now and now[key] != digest:
+            raise SystemExit(
+                f"{path} was made on other data than {run.config.get('data-dir') or run.config.get('dataset', 'the default data set')} holds now (digest {digest}, now {now[key]}): "
+                "point --data-root at the data the records were made on, or move the suite's records away to rerun it"
+            )
+        if key in seen and seen[key][0] != digest:
+            raise SystemExit(f"{path} and {seen[key][1]} were made on different data under the same keys (digests {digest} and {seen[key][0]})")
+        seen.setdefault(key, (digest, path))
+
+
+def make_record(
+    metrics: dict[str, Any], wall_seconds: float, clients: int, machine_info: dict[str, Any] | None = None, data: str | None = None
+) -> dict[str, Any]:
     """A run's compact record from its metrics.json: everything but the per-round entries of
-    :data:`LAST_ROUND_ONLY` before the last round that has them, plus the bench's wall time and
-    the machine that ran it."""
+    :data:`LAST_ROUND_ONLY` before the last round that has them, plus the bench's wall time, the
+    machine that ran it and the digest of its data (:func:`data_fingerprint`)."""
     rounds = [dict(r) for r in metrics["rounds"]]
     for key in LAST_ROUND_ONLY:
         having = [r for r in rounds if key in r]
         for r in having[:-1]:
             del r[key]
-    return {**metrics, "rounds": rounds, "bench": {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {})}}
+    bench = {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {}), **({"data": data} if data else {})}
+    return {**metrics, "rounds": rounds, "bench": bench}
 
 
 #: Run-config keys that name places on one machine: a record made elsewhere still matches its run.
@@ -167,7 +216,7 @@ def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
     metrics, bench = _read(d / "metrics.json"), _read(d / "bench.json")
     if metrics is None or bench is None or not matches(run, metrics):
         return False
-    write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"], bench.get("machine")))
+    write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"], bench.get("machine"), bench.get("data")))
     return True
 
 
@@ -242,6 +291,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; running {len(todo)}; {eta.left(todo)}", flush=True)
     if not todo:
         return
+    digests = {key: data_fingerprint(run.config) for key, run in {data_key(r.config): r for r in todo}.items()}
+    check_same_data(runs, records, suite, digests)
     home = results / suite / ".flwr-home"  # per suite: two suites may run at once
     with simulation_superlink(home):
         for k, run in enumerate(todo, 1):
@@ -263,7 +314,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
             if state != "finished:completed":
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{state}'; log in {d / 'run.log'}")
             eta.add(run, wall)
-            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine()})
+            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine(), "data": digests[data_key(run.config)]})
             if not finished(run, results, records, suite):
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
@@ -510,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         for run in runs:  # finished results-dirs of this machine get their records; nothing runs
             finished(run, results, records, args.suite)
+        check_same_data(runs, records, args.suite)
     else:
         execute(runs, results, args.suite, records)
     page = args.page or suite_page(args.suite)

@@ -6,7 +6,7 @@ from itertools import takewhile
 
 import pytest
 
-from pflower.bench import RECORDS, ROOT, execute, finished, load_suite, main, make_record, ordering_sentence, report, suite_page
+from pflower.bench import RECORDS, ROOT, data_fingerprint, execute, finished, load_suite, main, make_record, ordering_sentence, report, suite_page
 from pflower.config import load_settings
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
@@ -152,6 +152,7 @@ def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, 
     assert doc["config"]["lr"] == 0.01 and len(doc["rounds"]) == 1
     record = json.loads(runs[0].record(records, "tiny").read_text())
     assert record["final"] == doc["final"] and record["config"] == doc["config"] and record["bench"]["clients"] == 3
+    assert record["bench"]["data"] == data_fingerprint(runs[0].config) and len(record["bench"]["data"]) == 32
     assert not list(records.rglob("*.pt")) and not list(records.rglob("*.tmp"))
     execute(runs, results, "tiny", records)  # recorded runs are skipped
     assert "1 of 1 runs already finished; running 0" in capsys.readouterr().out
@@ -376,3 +377,30 @@ def test_an_unmarked_results_table_is_found():
     page = "intro\n\n| method | acc. |\n| --- | --- |\n| a | 0.5 |\n\n**No record yet:** `x`.\n\n| m | acc. |\n| --- | --- |\n| b | 0.7 |\n"
     assert _unrecorded_tables(page) == ["| method | acc. |"]
     assert _unrecorded_tables("<!-- bench:s:start -->\n| m | a |\n| --- | --- |\n| b | 0.7 |\n<!-- bench:s:end -->\n") == []
+
+
+def test_records_made_on_other_data_under_the_same_folder_stop_the_suite(tmp_path):
+    """A record keeps the digest of the pool its run read: a suite whose data root now holds other
+    data under the same name, or whose records disagree, stops naming the record; records from
+    before digests were kept pass."""
+    from pflower.bench import check_same_data, data_key
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results, records = tmp_path / "results", tmp_path / "records"
+    runs = load_suite(tmp_path / "suites.toml", "tiny")[1]
+    for run, digest in zip(runs, ["a" * 32, None, "a" * 32], strict=False):
+        _fake_run(run.directory(results, "tiny"), 0.5)
+        if digest:
+            bench = run.directory(results, "tiny") / "bench.json"
+            bench.write_text(json.dumps({**json.loads(bench.read_text()), "data": digest}))
+        finished(run, results, records, "tiny")
+    key = data_key(runs[0].config)
+    check_same_data(runs, records, "tiny")
+    check_same_data(runs, records, "tiny", {key: "a" * 32})
+    with pytest.raises(SystemExit, match=r"local/seed0.json was made on other data than the default data set holds now \(digest a{32}, now b{32}\)"):
+        check_same_data(runs, records, "tiny", {key: "b" * 32})
+    record = runs[2].record(records, "tiny")
+    record.write_text(json.dumps({**json.loads(record.read_text()), "bench": {**json.loads(record.read_text())["bench"], "data": "c" * 32}}))
+    with pytest.raises(SystemExit, match="were made on different data under the same keys"):
+        check_same_data(runs, records, "tiny")
+    assert data_fingerprint(runs[0].config) == data_fingerprint(runs[1].config)  # the same pool: the same digest
