@@ -69,6 +69,12 @@ def load_checkpoint(settings: Settings) -> Checkpoint:
         for key, old in sorted(ckpt.config.items())
         if key not in RESUMABLE_CHANGES and now.get(key) != old
     ]
+    defaults = Settings.model_validate({"method": settings.method}).to_run_config()
+    problems += [  # a key newer than the checkpoint: its run had the key's default
+        (key, now[key], f"the checkpoint in {where} predates this key, so its run had the default {defaults[key]!r}; a resumed run keeps it")
+        for key in sorted(now.keys() - ckpt.config.keys())
+        if key not in RESUMABLE_CHANGES and key in defaults and now[key] != defaults[key]
+    ]
     if settings.num_server_rounds < ckpt.round:
         problems.append(("num-server-rounds", settings.num_server_rounds, f"must be >= {ckpt.round}, the checkpoint's round"))
     if problems:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the data modules import torch, which the configuration does
     from pflower.datasets.sources import Source
 
 Dataset = Literal["digits", "mnist", "fashion-mnist", "emnist", "cifar10", "cifar100", "imagefolder", "torchvision", "huggingface", "node"]
-Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups", "shards", "linear", "exponential", "sizes", "natural-id"]
+Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-groups", "classes", "shards", "linear", "exponential", "sizes", "natural-id"]
 TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "SVHN", "CIFAR10", "CIFAR100", "USPS"]
 EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 FeatureShift = Literal["none", "rotation", "contrast", "noise", "blur", "colour", "mixed"]
@@ -91,7 +91,7 @@ class Settings(BaseModel):
     )
     partition: Partition = Field(
         "pathological",
-        description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one); flwr-datasets' `shards` (the FedAvg paper's: label-sorted shards, `shards-per-client` each), `linear` and `exponential` (quantity skew: client i gets a share ∝ i + 1 or e^(i + 1)), `sizes` (`client-sizes` samples each), `natural-id` (one value of `natural-id-column` per client, or several)",
+        description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one), `classes` (the classes `client-classes` lists for each client); flwr-datasets' `shards` (the FedAvg paper's: label-sorted shards, `shards-per-client` each), `linear` and `exponential` (quantity skew: client i gets a share ∝ i + 1 or e^(i + 1)), `sizes` (`client-sizes` samples each), `natural-id` (one value of `natural-id-column` per client, or several)",
     )
     classes_per_client: int = Field(4, ge=1, le=10000, description="`pathological`: classes per client")
     dirichlet_alpha: float = Field(0.5, gt=0, description="`dirichlet`: concentration (smaller: more skewed)")
@@ -104,6 +104,10 @@ class Settings(BaseModel):
     )
     shards_per_client: int = Field(2, ge=1, le=10000, description="`shards`: shards per client (the FedAvg paper: 2 of 300 images)")
     client_sizes: str = Field("", description="`sizes`: each client's number of samples, comma-separated, one per client (e.g. `'100,200,700'`)")
+    client_classes: str = Field(
+        "",
+        description="`classes`: each client's classes, one group per client separated by `;`, class ids separated by `,` (e.g. `'0,1,2;3,4;5'` for 3 clients); exactly one group per client. Each class's samples are shuffled and split evenly (within one) among the clients that list it; a class no client lists is unused",
+    )
     natural_id_column: str = Field("", description="`natural-id` (`huggingface` only): the column whose values (writer, user, domain) define the clients")
     feature_shift: FeatureShift = Field(
         "none",
@@ -113,7 +117,13 @@ class Settings(BaseModel):
         0,
         ge=0,
         le=10_000_000,
-        description="`pathological`, `dominant`, `label-groups`: every client's number of samples (before its train/test split), equal per class, the same for any number of clients (the pFedLA paper's protocol); refused with the most the pool can give when it is too large. 0: the whole pool (or the label group's share) is shared out, so clients shrink as N grows",
+        description="`pathological`, `dominant`, `label-groups`, `classes`: every client's number of samples (before its train/test split), equal per class, the same for any number of clients (the pFedLA paper's protocol); refused with the most the pool can give when it is too large. 0: the whole pool (or the label group's share) is shared out, so clients shrink as N grows",
+    )
+    data_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="use only this share of the pool, under any partition: a seeded subset drawn before partitioning, stratified by class (each class keeps round(fraction × its samples), at least 1, so class proportions are kept). The pool holds every split of the files, so FedeRiCo's 10 % of CIFAR-10's 50,000 training images is 0.0833 of its 60,000 (our reading: the paper's count). The clients' test splits and the global test set come from the subset too. With `samples-per-client` the subset is drawn first and each client's samples are then taken from it (refused when the subset cannot give them). 1: the whole pool",
     )
     test_fraction: float = Field(0.3, gt=0, lt=1, description="share of each client's data held out as its test split")
     label_noise: LabelNoise = Field(
@@ -146,7 +156,13 @@ class Settings(BaseModel):
         True,
         description="one message per client per round: a round's evaluation rides on the next round's training message (the client evaluates first), the last round's goes alone; the same metrics as `false`, which sends every evaluation as a phase of its own",
     )
-    local_epochs: int = Field(5, ge=1, le=1000, description="local epochs per round")
+    local_epochs: int = Field(5, ge=1, le=1000, description="local epochs per round (with `local-steps` = 0)")
+    local_steps: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="> 0: each round's local training is exactly this many minibatch steps instead of `local-epochs` epochs, cycling over the client's training data (a new random order each pass, the last batch of a pass possibly smaller), e.g. the double-head paper's 2 steps per round; a step is one minibatch of the training loop (Per-FedAvg: one MAML step of its 2 or 3 batches; pFedMe: one outer step with its `pfedme.k` inner steps). It replaces `local-epochs` only: `finetune-epochs`, `ditto.personal-epochs` and `fedrep.body-epochs` stay epochs (FedRep: `local-steps` head steps, then the body epochs). 0: `local-epochs`",
+    )
     batch_size: int = Field(32, ge=1, le=65536, description="minibatch size")
     lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")
     optimizer: Literal["sgd", "adam"] = Field(
@@ -160,7 +176,18 @@ class Settings(BaseModel):
         lt=1,
         description="the step size of round r is `lr` × (1 − `lr-decay`)^(r − 1), for every method's local training, fine-tuning included (not Per-FedAvg's one-step adaptation before evaluation); SuPerFed's protocol uses 0.01",
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the partition, the initial model, client sampling and every client's minibatch order")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**31 - 1,
+        description="seeds the initial model, client sampling and every client's minibatch order, and the data (see `data-seed`) unless `data-seed` is set",
+    )
+    data_seed: int = Field(
+        -1,
+        ge=-1,
+        le=2**31 - 1,
+        description="seeds the data apart from training: the `data-fraction` subset, the partition, each client's train/test split and its validation hold-out (SuPerFed's, FedFomo's), label noise and feature-shift domains (a node's own test split with `dataset='node'`); `seed` still drives the initial model, sampling and training. So FedeRiCo's 5 splits × 3 training seeds are 5 values here × 3 of `seed`. -1: the same as `seed`",
+    )
     results_dir: str = Field(
         "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
     )
@@ -289,6 +316,12 @@ class Settings(BaseModel):
             self.dataset, str(self.data_path) if self.data_dir else "", self.download, self.image_size, self.torchvision_name, self.emnist_split,
             self.hf_image_column, self.hf_label_column, self.natural_id_column if self.partition == "natural-id" else "",
         )  # fmt: skip
+
+    @property
+    def split_seed(self) -> int:
+        """The seed of everything about the data (``data-seed``; -1: ``seed``): the pool subset,
+        the partition, the train/test splits and hold-outs, label noise, feature-shift domains."""
+        return self.seed if self.data_seed < 0 else self.data_seed
 
     @property
     def data_path(self) -> Path:
@@ -422,10 +455,20 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
                 f"{_size(need)} to hold the decoded images at this size, the machine has {_size(have)}; choose a smaller image-size",
             )
         )
-    if s.samples_per_client and s.partition not in ("pathological", "dominant", "label-groups"):
-        problems.append(("samples-per-client", s.samples_per_client, "only for partition 'pathological', 'dominant' or 'label-groups' (0: use the whole pool)"))
+    if s.samples_per_client and s.partition not in ("pathological", "dominant", "label-groups", "classes"):
+        problems.append(
+            ("samples-per-client", s.samples_per_client, "only for partition 'pathological', 'dominant', 'label-groups' or 'classes' (0: use the whole pool)")
+        )
     if s.partition == "pathological" and 0 < s.samples_per_client < s.classes_per_client:
         problems.append(("samples-per-client", s.samples_per_client, f"must be >= classes-per-client={s.classes_per_client} (or 0)"))
+    if s.partition == "classes" and s.client_classes:
+        from pflower.datasets.partition import parse_class_groups
+
+        groups = parse_class_groups(s.client_classes)  # its form was checked with the scoped keys
+        if beyond := sorted({k for g in groups for k in g if k >= c}):
+            problems.append(("client-classes", s.client_classes, f"class {beyond[0]} is not a class of {s.dataset}: its class ids are 0-{c - 1}"))
+        if 0 < s.samples_per_client < (most := max(len(g) for g in groups)):
+            problems.append(("samples-per-client", s.samples_per_client, f"must be >= {most}, the most classes a client lists in client-classes (or 0)"))
     if s.finetune_epochs and method.no_finetune:
         problems.append(("finetune-epochs", s.finetune_epochs, f"must be 0 for '{s.method}': {method.no_finetune}"))
     averaging = [n for n, m in declarations().items() if m.averages]
@@ -485,6 +528,9 @@ SCOPED_KEYS = (
     ("momentum", "momentum", lambda s: s.optimizer == "sgd", "optimizer 'sgd'"),
     ("download", "download", lambda s: s.dataset in ("cifar10", "cifar100"), "dataset 'cifar10' or 'cifar100'"),
     ("client-sizes", "client_sizes", lambda s: s.partition == "sizes", "partition 'sizes'"),
+    ("client-classes", "client_classes", lambda s: s.partition == "classes", "partition 'classes'"),
+    ("data-fraction", "data_fraction", lambda s: not s.node_data, "a pool the run shares out (not dataset 'node', whose nodes bring their own data)"),
+    ("local-epochs", "local_epochs", lambda s: s.local_steps == 0, "local-steps=0 (local-steps > 0 sets each round's training in steps instead)"),
     ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
     ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),
     ("mlflow-experiment", "mlflow_experiment", lambda s: s.mlflow, "mlflow=true"),
@@ -502,6 +548,13 @@ def _scope_problems(s: Settings) -> list[tuple[str, Any, str]]:
             problems.append(
                 ("natural-id-column", s.natural_id_column, "partition 'natural-id' needs the column that names each sample's writer, user or domain")
             )
+    if s.partition == "classes":
+        from pflower.datasets.partition import parse_class_groups
+
+        try:
+            parse_class_groups(s.client_classes)
+        except ValueError as err:
+            problems.append(("client-classes", s.client_classes, str(err)))
     if s.partition == "sizes":
         from pflower.datasets.partition import parse_sizes
 
@@ -553,8 +606,8 @@ def check_data(s: Settings, num_clients: int | None = None) -> None:
 
     try:
         federated.check_data(s, num_clients)
-    except PartitionError as err:
-        raise ConfigError([("partition", s.partition, str(err))]) from None
+    except PartitionError as err:  # named for its key: the partition, or the key it is about
+        raise ConfigError([(err.key, s.to_run_config().get(err.key, s.partition), str(err))]) from None
     except (DataError, FolderError, OSError) as err:
         raise ConfigError([("data-dir", s.data_dir, str(err))]) from None
 

@@ -31,11 +31,30 @@ def batches(data: Split, batch_size: int, generator: torch.Generator | None = No
         yield data.x[idx], data.y[idx]
 
 
+def steps_of(data: Split, batch_size: int, generator: torch.Generator, epochs: int, steps: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The minibatches of a local training: ``epochs`` passes over ``data``, or with ``steps`` > 0
+    exactly that many minibatches, cycling over it (each pass in a new random order)."""
+    if steps <= 0:
+        for _ in range(epochs):
+            yield from batches(data, batch_size, generator)
+        return
+    if len(data) == 0:
+        return
+    left = steps
+    while left > 0:
+        for batch in batches(data, batch_size, generator):
+            yield batch
+            left -= 1
+            if left == 0:
+                return
+
+
 def train(
     model: nn.Module,
     data: Split,
     *,
     epochs: int,
+    steps: int = 0,
     batch_size: int,
     lr: float,
     seed: int,
@@ -45,7 +64,9 @@ def train(
     params: Iterable[nn.Parameter] | None = None,
     loss_fn: LossFn = cross_entropy,
 ) -> float:
-    """SGD (or Adam, ``optimizer='adam'``) over ``data`` for ``epochs``; returns the mean minibatch loss.
+    """SGD (or Adam, ``optimizer='adam'``) over ``data`` for ``epochs``, or for exactly ``steps``
+    minibatches when ``steps`` > 0 (``local-steps``: cycling over the data, a new order each pass);
+    returns the mean minibatch loss.
 
     ``params`` limits what the optimizer moves (default: every parameter); ``seed`` fixes the
     minibatch order, so a client's update is reproducible.
@@ -59,15 +80,14 @@ def train(
     gen = torch.Generator().manual_seed(seed)
     model.train()
     total, count = 0.0, 0
-    for _ in range(epochs):
-        for x, y in batches(data, batch_size, gen):
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            model.zero_grad(set_to_none=True)
-            loss = loss_fn(model, x, y)
-            loss.backward()
-            opt.step()
-            total += float(loss.detach())
-            count += 1
+    for x, y in steps_of(data, batch_size, gen, epochs, steps):
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        total += float(loss.detach())
+        count += 1
     return total / max(count, 1)
 
 

@@ -41,10 +41,15 @@ def _without_time(rounds):
 RESUMED = {**representatives(), "superfed": {**representatives()["superfed"], "superfed.start": 0.0}}
 
 
-@pytest.mark.parametrize("method,extra", [*RESUMED.items(), ("heurpfedla", {"heurpfedla.top-k": 2})])
+#: The data and step controls: a data seed apart from the seed, half the pool, 2 local steps.
+CONTROLS = {"data-seed": 5, "data-fraction": 0.5, "local-steps": 2, "local-epochs": 5}
+
+
+@pytest.mark.parametrize("method,extra", [*RESUMED.items(), ("heurpfedla", {"heurpfedla.top-k": 2}), ("superfed", {**RESUMED["superfed"], **CONTROLS})])
 def test_resumed_run_equals_the_uninterrupted_run(tmp_path, grid_factory, method, extra):
     """2 rounds, then a new federation (fresh client contexts) resumes to 4: same metrics, same state.
-    One method per server strategy (their example configs), and HeurpFedLA retaining 2 layers."""
+    One method per server strategy (their example configs), HeurpFedLA retaining 2 layers, and
+    SuPerFed (its hold-out drawn by the data seed) with the data and step controls."""
     kw = dict(method=method, fraction_train=0.67, extra=extra)
     full, full_doc = _run(grid_factory, tmp_path / "full", 4, **kw)
     _run(grid_factory, tmp_path / "first", 2, **kw)
@@ -76,6 +81,7 @@ def test_checkpoint_written_every_round(tmp_path, grid_factory):
         ({"lr": 0.05}, "run config key 'lr' = 0.05 is not allowed: differs from the checkpoint"),
         ({"num_server_rounds": 1}, "run config key 'num-server-rounds' = 1 is not allowed: must be >= 2"),
         ({"state_dir": "/elsewhere"}, "run config key 'state-dir' = '/elsewhere' is not allowed: differs from the checkpoint"),
+        ({"data_seed": 3}, "run config key 'data-seed' = 3 is not allowed: differs from the checkpoint in .* \\(-1\\)"),
     ],
 )
 def test_incompatible_resume_is_refused(tmp_path, grid_factory, change, message):
@@ -83,6 +89,19 @@ def test_incompatible_resume_is_refused(tmp_path, grid_factory, change, message)
     cfg = run_config(**{"num_server_rounds": 3, "local_epochs": 1, "results_dir": str(tmp_path / "b"), "resume_from": str(tmp_path / "a"), **change})
     with pytest.raises(ConfigError, match=message):
         load_checkpoint(load_settings(cfg))
+
+
+def test_a_checkpoint_older_than_a_key_resumes_only_with_its_default(tmp_path, grid_factory):
+    """A checkpoint written before ``data-seed`` existed: its run had the default, which a resumed
+    run must keep."""
+    _run(grid_factory, tmp_path / "a", 2)
+    raw = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+    raw["config"] = json.dumps({k: v for k, v in json.loads(raw["config"]).items() if k != "data-seed"})
+    torch.save(raw, tmp_path / "a" / CHECKPOINT)
+    cfg = run_config(num_server_rounds=3, local_epochs=1, samples_per_client=60, results_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a"))
+    assert load_checkpoint(load_settings(cfg)).round == 2
+    with pytest.raises(ConfigError, match="'data-seed' = 3 is not allowed: the checkpoint in .* predates this key, so its run had the default -1"):
+        load_checkpoint(load_settings({**cfg, "data-seed": 3}))
 
 
 def test_missing_or_corrupt_checkpoint_is_refused(tmp_path):

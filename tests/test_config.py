@@ -55,6 +55,11 @@ def test_method_params_are_the_chosen_methods():
         ("batch-size", "32", "valid integer"),
         ("lr", "0.1", "valid number"),
         ("download", 1, "valid boolean"),
+        ("local-steps", -1, "greater than or equal to 0"),
+        ("data-seed", -2, "greater than or equal to -1"),
+        ("client-classes", 3, "valid string"),
+        ("data-fraction", 0.0, "greater than 0"),
+        ("data-fraction", 1.5, "less than or equal to 1"),
     ],
 )
 def test_bad_value_names_key_value_and_rule(key, value, fragment):
@@ -91,7 +96,7 @@ def test_cross_key_rules():
         load_settings(run_config(partition="label-groups", label_groups=11))
     with pytest.raises(ConfigError, match="'dominant-classes' = 10"):
         load_settings(run_config(partition="dominant", dominant_classes=10))
-    with pytest.raises(ConfigError, match="'samples-per-client' = 100 .* only for partition 'pathological', 'dominant' or 'label-groups'"):
+    with pytest.raises(ConfigError, match="'samples-per-client' = 100 .* only for partition 'pathological', 'dominant', 'label-groups' or 'classes'"):
         load_settings(run_config(partition="dirichlet", samples_per_client=100))
     with pytest.raises(ConfigError, match="'group-assignment' = 'random' .* only for partition 'label-groups'"):
         load_settings(run_config(group_assignment="random"))
@@ -110,3 +115,49 @@ def test_cross_key_rules():
 def test_valid_mnist_config():
     s = load_settings(run_config(dataset="mnist", data_dir=str(MNIST_DIR), lr=0.01))
     assert s.lr == 0.01 and s.data_path == MNIST_DIR.resolve() and s.image_shape == (1, 28, 28)
+
+
+@pytest.mark.parametrize(
+    "keys,message",
+    [
+        ({"partition": "classes"}, "'client-classes' = '' is not allowed: must be one group of class ids per client, groups separated by ';', ids by ','"),
+        ({"partition": "classes", "client_classes": "0,1;2,x"}, "'client-classes' = '0,1;2,x' is not allowed: .*; group 2 \\('2,x'\\) is not a list of whole numbers"),
+        ({"partition": "classes", "client_classes": "0,1;"}, "group 2 \\(''\\) is not a list of whole numbers"),
+        ({"partition": "classes", "client_classes": "0,-1"}, "group 1 has class -1, class ids start at 0"),
+        ({"partition": "classes", "client_classes": "0,1,1;2"}, "group 1 lists class 1 twice"),
+        ({"partition": "classes", "client_classes": "0,1;12"}, "'client-classes' = '0,1;12' is not allowed: class 12 is not a class of digits: its class ids are 0-9"),
+        ({"partition": "classes", "client_classes": "0,1,2;3", "samples_per_client": 2},
+         "'samples-per-client' = 2 is not allowed: must be >= 3, the most classes a client lists in client-classes \\(or 0\\)"),
+        ({"client_classes": "0;1"}, "'client-classes' = '0;1' is not allowed: only for partition 'classes'"),
+    ],
+)  # fmt: skip
+def test_client_classes_names_its_key_and_what_is_allowed(keys, message):
+    """One line naming the key, the value and what is allowed (the number of groups is checked
+    against the clients with the data: tests/test_controls.py)."""
+    with pytest.raises(ConfigError, match=message) as err:
+        load_settings(run_config(**keys))
+    assert len(err.value.problems) == 1 and "\n" not in str(err.value)
+
+
+def test_client_classes_accepts_groups_with_spaces_and_samples_per_client():
+    s = load_settings(run_config(partition="classes", client_classes=" 0, 1,2 ;3;4,5,6,7,8,9", samples_per_client=30))
+    assert s.client_classes == " 0, 1,2 ;3;4,5,6,7,8,9"
+
+
+def test_data_fraction_combines_with_samples_per_client_and_is_refused_for_the_nodes_own_data():
+    assert load_settings(run_config(data_fraction=0.1, samples_per_client=8)).data_fraction == 0.1  # the subset first, then each client's samples
+    with pytest.raises(ConfigError, match="'data-fraction' = 0.5 is not allowed: only for a pool the run shares out \\(not dataset 'node'") as err:
+        load_settings(run_config(dataset="node", data_fraction=0.5))
+    assert len(err.value.problems) == 1
+
+
+def test_the_data_seed_is_the_seed_unless_set():
+    assert load_settings(run_config(seed=3)).split_seed == 3 and load_settings(run_config(seed=3, data_seed=0)).split_seed == 0
+
+
+def test_local_steps_replace_local_epochs_which_is_refused_beside_them():
+    assert load_settings(run_config(local_steps=2)).local_steps == 2
+    assert load_settings(run_config(local_steps=2, local_epochs=5)).local_epochs == 5  # the default: not set
+    with pytest.raises(ConfigError, match="'local-epochs' = 1 is not allowed: only for local-steps=0") as err:
+        load_settings(run_config(local_steps=2, local_epochs=1))
+    assert len(err.value.problems) == 1

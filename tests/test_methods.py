@@ -238,6 +238,40 @@ def test_full_run_in_process_writes_metrics(grid_factory, tmp_path, method):
         assert doc["rounds"][0]["bytes-up"] > 0
 
 
+#: The trainings that stay epochs under local-steps: a method's own epoch key (its default 1), FedAvg+'s fine-tuning epoch.
+OWN_EPOCHS = {"ditto": 1, "fedrep": 1, "fedavg-ft": 1}
+
+
+@pytest.mark.usefixtures("no_figures")
+@pytest.mark.parametrize("method", sorted(declarations()))
+def test_every_method_trains_local_steps_instead_of_epochs(monkeypatch, grid_factory, tmp_path, method):
+    """``local-steps=2``, in process: every local training of every method (FedeRiCo's relayed
+    ones included) is exactly 2 minibatch steps, counted by its loss calls; only the epochs of a
+    method's own keys and fine-tuning stay epochs; the run ends with its metrics."""
+    calls = []
+    real = training.train
+
+    def spy(model, data, **kw):
+        loss_fn, count = kw.get("loss_fn", training.cross_entropy), []
+
+        def counting(m, x, y):
+            count.append(len(y))
+            return loss_fn(m, x, y)
+
+        out = real(model, data, **{**kw, "loss_fn": counting})
+        calls.append((kw["epochs"], kw["steps"], len(count)))
+        return out
+
+    monkeypatch.setattr("pflower.client_app.base.train", spy)
+    cfg = {**run_config(method=method, num_server_rounds=2, local_steps=2, results_dir=str(tmp_path)), **declarations()[method].example}
+    build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, N))
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["round"] for r in doc["rounds"]] == [1, 2] and doc["config"]["local-steps"] == 2
+    stepped = [c for c in calls if c[1]]
+    assert len(stepped) >= 2 * N and set(stepped) == {(5, 2, 2)}
+    assert {c[0] for c in calls if not c[1]} <= ({OWN_EPOCHS[method]} if method in OWN_EPOCHS else set())
+
+
 def test_adam_is_a_choice_of_the_one_training_loop():
     settings = load_settings(run_config())
     from pflower.datasets import Split

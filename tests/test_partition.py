@@ -231,3 +231,118 @@ def test_samples_per_client_reaches_client_data():
     for cid in range(5):
         train, test = client_data(s, cid, 5)
         assert len(train) + len(test) == 40 and len(test) == 10
+
+
+# ---------------------------------------------------- classes listed per client (client-classes)
+GROUPS = [[0, 1, 2], [2, 3], [4, 5, 6, 7, 8, 9], [2]]
+
+
+def test_listed_classes_give_each_client_its_classes_and_split_a_shared_class_evenly():
+    parts = P.listed_classes(POOL, 4, GROUPS, seed=0)
+    _assert_disjoint(parts)
+    for p, group in zip(parts, GROUPS):
+        assert sorted(np.unique(POOL[p]).tolist()) == group
+    # class 2 (1,000 samples) is listed by clients 0, 1, 3: 334/333/333 in some order; the others whole
+    assert sorted(int((POOL[p] == 2).sum()) for p in (parts[0], parts[1], parts[3])) == [333, 333, 334]
+    assert [int((POOL[parts[0]] == c).sum()) for c in (0, 1)] == [1000, 1000]
+    assert len(np.concatenate(parts)) == len(POOL)
+
+
+def test_listed_classes_leave_an_unlisted_class_unused_and_keep_samples_per_client_equal_per_class():
+    parts = P.listed_classes(POOL, 2, [[0, 1], [1, 2, 3]], seed=0, samples_per_client=30)
+    assert [len(p) for p in parts] == [30, 30]
+    assert np.bincount(POOL[parts[0]], minlength=10).tolist()[:2] == [15, 15]
+    assert sorted(np.bincount(POOL[parts[1]], minlength=10)[1:4].tolist()) == [10, 10, 10]
+    assert not np.isin(POOL[np.concatenate(parts)], np.arange(4, 10)).any()
+    with pytest.raises(PartitionError, match="samples-per-client=3000 needs 1500 samples per class, a client's share of the classes client-classes lists"):
+        P.listed_classes(POOL, 2, [[0, 1], [1, 2, 3]], seed=0, samples_per_client=3000)
+
+
+def test_listed_classes_need_one_group_per_client_and_the_error_names_client_classes():
+    with pytest.raises(PartitionError, match="client-classes gives 4 groups for 3 clients; give one group per client") as err:
+        P.listed_classes(POOL, 3, GROUPS, seed=0)
+    assert err.value.key == "client-classes"
+    with pytest.raises(PartitionError, match="client-classes lists class 10; the data set's class ids are 0-9"):
+        P.listed_classes(POOL, 2, [[0], [10]], seed=0)
+
+
+def test_parse_class_groups():
+    assert P.parse_class_groups("0,1,2; 3 ,4;5") == [[0, 1, 2], [3, 4], [5]]
+    for bad in ("", "0,1;;2", "a", "0;-1", "1,1"):
+        with pytest.raises(ValueError, match="must be one group of class ids per client"):
+            P.parse_class_groups(bad)
+
+
+def test_the_classes_partition_reaches_client_data():
+    s = load_settings({"partition": "classes", "client-classes": "0,1;1,2;3,4,5,6,7,8,9"})
+    for cid, group in enumerate([[0, 1], [1, 2], [3, 4, 5, 6, 7, 8, 9]]):
+        train, test = client_data(s, cid, 3)
+        assert sorted(train.y.unique().tolist()) == group == sorted(test.y.unique().tolist())
+
+
+# ---------------------------------------------------- data-fraction: a stratified subset of the pool
+SKEWED = np.concatenate([np.full(2000, 0), np.full(500, 1), np.full(40, 2), np.full(3, 3)])
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.15, 0.5])
+def test_stratified_subset_keeps_the_class_proportions(fraction):
+    keep = P.stratified_subset(SKEWED, fraction, seed=0)
+    assert len(keep) == len(np.unique(keep)) and np.array_equal(keep, np.sort(keep))
+    counts = np.bincount(SKEWED[keep], minlength=4)
+    assert counts.tolist() == [max(1, round(fraction * n)) for n in (2000, 500, 40, 3)]  # at least 1: no class vanishes
+
+
+def test_stratified_subset_is_deterministic_for_a_seed():
+    a, b, c = (P.stratified_subset(LABELS, 0.2, seed=s) for s in (3, 3, 4))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+PARTITIONS = [
+    {"partition": "iid"},
+    {"partition": "dirichlet", "dirichlet-alpha": 1.0},
+    {"partition": "pathological", "classes-per-client": 3},
+    {"partition": "dominant"},
+    {"partition": "label-groups"},
+    {"partition": "classes", "client-classes": "0,1,2;3,4,5;6,7,8,9"},
+    {"partition": "shards"},
+    {"partition": "linear"},
+    {"partition": "sizes", "client-sizes": "20,30,40"},
+]
+
+
+@pytest.mark.parametrize("keys", PARTITIONS, ids=[k["partition"] for k in PARTITIONS])
+def test_data_fraction_partitions_a_stratified_subset_under_any_partition(keys):
+    """Every client's indices (train and test) come from the seeded subset; the same settings
+    give the same subset and clients."""
+    from pflower.datasets.federated import pool_for, pool_subset
+
+    s = load_settings({**keys, "data-fraction": 0.25, "seed": 1})
+    keep = pool_subset(pool_for(s), s)
+    labels = pool_for(s).y.numpy()
+    assert np.bincount(labels[keep]).tolist() == [round(0.25 * n) for n in np.bincount(labels)]
+    fi = federated_indices(s, 3)
+    held = np.concatenate([*fi.train, *fi.test])
+    assert np.isin(held, keep).all() and len(held) == len(np.unique(held))
+    again = federated_indices(load_settings({**keys, "data-fraction": 0.25, "seed": 1}).model_copy(update={"client_threads": 2}), 3)
+    assert all(np.array_equal(a, b) for a, b in zip(fi.train + fi.test, again.train + again.test))
+
+
+def load_digits_labels() -> np.ndarray:
+    from pflower.datasets.federated import pool_for
+
+    return pool_for(load_settings({})).y.numpy()
+
+
+def test_data_fraction_shrinks_the_clients_and_samples_per_client_draws_from_the_subset():
+    whole = federated_indices(load_settings({"partition": "iid"}), 3)
+    tenth = federated_indices(load_settings({"partition": "iid", "data-fraction": 0.1}), 3)
+    per_class = np.bincount(load_digits_labels())
+    assert sum(map(len, whole.train + whole.test)) == 1797
+    assert sum(map(len, tenth.train + tenth.test)) == sum(round(0.1 * n) for n in per_class) == 179
+    s = load_settings({"partition": "pathological", "classes-per-client": 2, "samples-per-client": 30, "data-fraction": 0.5})
+    fi = federated_indices(s, 5)
+    assert [len(a) + len(b) for a, b in zip(fi.train, fi.test)] == [30] * 5
+    with pytest.raises(PartitionError, match=r"samples-per-client=200 needs 100 samples of class \d, the pool has (8|9)\d; at most \d+ per client"):
+        federated_indices(s.model_copy(update={"samples_per_client": 200}), 5)  # half of digits' ~180 per class
+    with pytest.raises(PartitionError, match=r"leaves client \d+ with [01] samples \(of 179, data-fraction=0.1 of 1797, for 100 clients\)"):
+        federated_indices(load_settings({"partition": "iid", "data-fraction": 0.1}), 100)

@@ -41,7 +41,7 @@ class APFLClient(ClientMethod):
         return keys_under(model, "fed")
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
-        loss = self._train(model, data, seed, epochs=self.settings.local_epochs, loss_fn=apfl_loss)
+        loss = self._train_local(model, data, seed, loss_fn=apfl_loss)
         with torch.no_grad():
             model.alpha.clamp_(0.0, 1.0)
         return loss

@@ -228,7 +228,7 @@ def _node_runtime(settings: Settings, client_id: int, num_clients: int, data: No
 
 def node_data(context: Context, settings: Settings) -> NodeData:
     """This node's own data (``dataset='node'``), named by its node config."""
-    return load_node_data(context.node_config, settings.test_fraction, settings.seed)
+    return load_node_data(context.node_config, settings.test_fraction, settings.split_seed)
 
 
 def runtime(context: Context, msg: Message | None = None) -> Runtime:

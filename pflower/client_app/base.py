@@ -61,7 +61,7 @@ class ClientMethod:
 
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         """Train ``model`` (already holding the received arrays) in place; return the mean loss."""
-        return self._train(model, data, seed, epochs=self.settings.local_epochs)
+        return self._train_local(model, data, seed)
 
     def evaluate(self, model: nn.Module, train: Split, test: Split, trained: bool, config: Mapping[str, Any]) -> dict[str, float | int]:
         """Reply metrics of the personalized model on the test split (``trained``: it has trained
@@ -86,17 +86,24 @@ class ClientMethod:
         """Extra evaluation-reply metrics from the personal state (default: none)."""
         return {}
 
+    def _train_local(self, model: nn.Module, data: Split, seed: int, **kw) -> float:
+        """A round's local training: ``local-epochs`` epochs, or ``local-steps`` minibatch steps
+        when set; ``kw`` as :meth:`_train`'s. Every method's local training goes through here
+        (epochs of its own keys and fine-tuning through :meth:`_train`)."""
+        return self._train(model, data, seed, epochs=self.settings.local_epochs, steps=self.settings.local_steps, **kw)
+
     def _train(
-        self, model: nn.Module, data: Split, seed: int, *, epochs: int, params=None, loss_fn: LossFn = cross_entropy,
+        self, model: nn.Module, data: Split, seed: int, *, epochs: int, steps: int = 0, params=None, loss_fn: LossFn = cross_entropy,
         lr: float | None = None, batch_size: int | None = None,
     ) -> float:  # fmt: skip
         """The one training loop with the run's optimizer settings (``lr``, ``batch_size``: another
-        value); the step size decays with the round (``lr-decay``)."""
+        value); the step size decays with the round (``lr-decay``); ``steps`` > 0 instead of ``epochs``."""
         s = self.settings
         return train(
             model,
             data,
             epochs=epochs,
+            steps=steps,
             batch_size=batch_size or s.batch_size,
             lr=(lr or s.lr) * self.lr_factor,
             momentum=s.momentum,

@@ -1,7 +1,7 @@
 """Ditto client: a global model by FedAvg, and a personal model trained toward it.
 
-Each round the client trains the received global model w (``local-epochs``) and uploads it;
-then its personal model v takes ``ditto.personal-epochs`` epochs on
+Each round the client trains the received global model w (``local-epochs``, or ``local-steps``
+steps) and uploads it; then its personal model v takes ``ditto.personal-epochs`` epochs on
 CE(v) + lambda/2 ||v - w_t||^2, w_t the global model it received this round. Only w leaves the
 client; v is what it predicts with. Both live in a :class:`MixedModel` (``fed`` = w, ``local`` = v).
 """
@@ -26,9 +26,9 @@ class DittoClient(ClientMethod):
         return keys_under(model, "fed")
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
-        s, p = self.settings, self.settings.params
+        p = self.settings.params
         model.set_lambda(0.0)  # the forward pass is w
-        loss = self._train(model, data, seed, epochs=s.local_epochs, params=list(model.fed.parameters()))
+        loss = self._train_local(model, data, seed, params=list(model.fed.parameters()))
         anchors = [(v, received[f"fed.{k}"]) for k, v in model.local.named_parameters() if f"fed.{k}" in received]
 
         def personal_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

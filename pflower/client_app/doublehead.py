@@ -28,7 +28,7 @@ class DoubleHeadClient(ClientMethod):
         return [k for k in super().upload_keys(model) if k not in local]
 
     def fit(self, model: DoubleHead, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
-        return self._train(model, data, seed, epochs=self.settings.local_epochs, loss_fn=two_heads_loss)
+        return self._train_local(model, data, seed, loss_fn=two_heads_loss)
 
     def finetune(self, model: DoubleHead, data: Split, seed: int, epochs: int) -> None:
         self._train(model, data, seed, epochs=epochs, loss_fn=two_heads_loss)

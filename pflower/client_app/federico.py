@@ -12,7 +12,7 @@ on its own training data. A round is four relayed steps (the server only forward
 3. ``use`` (E-step, then the local part of the M-step): L_ij <- (1 - beta) L_ij + beta loss_ij
    for its own and every received model (beta = ``federico-momentum``), w_i = softmax(-L_i.) over
    the tracked clients; then for every model j it used (its own included) it trains a copy on its
-   data (the one training loop, ``local-epochs``) and sends j the weighted update w_ij (theta_j -
+   data (the one training loop, ``local-epochs`` or ``local-steps``) and sends j the weighted update w_ij (theta_j -
    theta_j'), a multi-step gradient.
 4. ``update``: theta_j <- theta_j - sum_i w_ij delta_ij, the sum of the weighted updates it
    received and its own (as the paper sums its collaborators' weighted gradients).
@@ -153,7 +153,7 @@ class FedericoClient(ClientMethod):
         if phase == "plan":
             if not losses:  # a newcomer: train locally first, so peers' losses on its model mean something
                 seed = int(np.random.SeedSequence([s.seed, client_id, server_round, 3]).generate_state(1)[0])
-                self._train(model, data, seed, epochs=s.local_epochs)
+                self._train_local(model, data, seed)
             view.tick()
             rng = self._rng(client_id, server_round, 0)
             partner = view.oldest()
@@ -207,7 +207,7 @@ class FedericoClient(ClientMethod):
             for j, theta in train.items():
                 model.load_state_dict(theta, strict=False)
                 seed = int(np.random.SeedSequence([s.seed, client_id, server_round, j, 5]).generate_state(1)[0])
-                self._train(model, data, seed, epochs=s.local_epochs)
+                self._train_local(model, data, seed)
                 after = model.state_dict()
                 update = {k: weights[j] * (theta[k] - after[k]) for k in self.upload_keys(model)}
                 if j == client_id:

@@ -36,7 +36,7 @@ class FedFomoClient(ClientMethod):
         return [k for layer in layers(model) for k in layer.keys]
 
     def _split(self, data: Split) -> tuple[Split, Split]:
-        return holdout(data, self.settings.params.val_fraction, self.settings.seed)
+        return holdout(data, self.settings.params.val_fraction, self.settings.split_seed)
 
     def before_fit(self, model: nn.Module, data: Split, incoming: RecordDict, server_round: int) -> dict:
         names = sorted((n for n in incoming.array_records if n.startswith(PEER_PREFIX)), key=lambda n: int(n.removeprefix(PEER_PREFIX)))
@@ -61,4 +61,4 @@ class FedFomoClient(ClientMethod):
 
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         train, _ = self._split(data)
-        return self._train(model, train, seed, epochs=self.settings.local_epochs)
+        return self._train_local(model, train, seed)

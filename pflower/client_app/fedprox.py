@@ -20,4 +20,4 @@ class FedProxClient(ClientMethod):
             prox = sum(((p - g) ** 2).sum() for p, g in anchors)
             return F.cross_entropy(m(x), y) + 0.5 * mu * prox
 
-        return self._train(model, data, seed, epochs=self.settings.local_epochs, loss_fn=loss_fn)
+        return self._train_local(model, data, seed, loss_fn=loss_fn)

@@ -1,5 +1,6 @@
-"""FedRep client: train the personal head with the body frozen, then the body with the head
-frozen (``fedrep-body-epochs``); only the body is federated."""
+"""FedRep client: train the personal head with the body frozen (``local-epochs``, or
+``local-steps`` steps), then the body with the head frozen (``fedrep.body-epochs``, epochs
+either way); only the body is federated."""
 
 from __future__ import annotations
 
@@ -15,5 +16,5 @@ class FedRepClient(FedPerClient):
         head = list(model.head.parameters())
         head_ids = {id(p) for p in head}
         body = [p for p in model.parameters() if id(p) not in head_ids]
-        self._train(model, data, seed, epochs=self.settings.local_epochs, params=head)
+        self._train_local(model, data, seed, params=head)
         return self._train(model, data, seed + 1, epochs=self.settings.params.body_epochs, params=body)

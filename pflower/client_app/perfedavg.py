@@ -64,7 +64,7 @@ class PerFedAvgClient(ClientMethod):
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         s, p = self.settings, self.settings.params
         parts = 2 if p.variant == "fo" else 3
-        return self._train(model, data, seed, epochs=s.local_epochs, loss_fn=maml_loss(p.alpha, p.variant), lr=p.beta, batch_size=parts * s.batch_size)
+        return self._train_local(model, data, seed, loss_fn=maml_loss(p.alpha, p.variant), lr=p.beta, batch_size=parts * s.batch_size)
 
     def evaluate(self, model: nn.Module, train_split: Split, test: Split, trained: bool, config: Mapping[str, Any]) -> dict:
         s = self.settings

@@ -27,7 +27,7 @@ class PFedMeClient(ClientMethod):
         return keys_under(model, "fed")
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
-        s, p = self.settings, self.settings.params
+        p = self.settings.params
         fed, theta = list(model.fed.parameters()), list(model.local.parameters())
         with torch.no_grad():
             for t, w in zip(theta, fed):
@@ -45,7 +45,7 @@ class PFedMeClient(ClientMethod):
             return pull - pull.detach() + inner.detach()
 
         model.set_lambda(0.0)
-        return self._train(model, data, seed, epochs=s.local_epochs, params=fed, loss_fn=loss_fn, lr=p.lr)
+        return self._train_local(model, data, seed, params=fed, loss_fn=loss_fn, lr=p.lr)
 
     def predictor(self, model: MixedModel, state: RecordDict) -> nn.Module:
         return AtLambda(model, 1.0)

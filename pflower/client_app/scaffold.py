@@ -55,7 +55,7 @@ class ScaffoldClient(ClientMethod):
             linear = sum((p * correction[k]).sum() for k, p in params.items())
             return F.cross_entropy(m(xb), yb) + (linear - linear.detach())  # the gradient of <c - c_i, y>; the value reported is the CE's
 
-        loss = self._train(model, data, seed, epochs=s.local_epochs, loss_fn=loss_fn)
+        loss = self._train_local(model, data, seed, loss_fn=loss_fn)
         moved = step_sum(steps, s.lr * self.lr_factor, s.momentum)
         with torch.no_grad():
             for k, p in params.items():

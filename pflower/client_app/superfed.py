@@ -68,7 +68,7 @@ class SuperFedClient(ClientMethod):
         return model.state_dict()
 
     def _split(self, data: Split) -> tuple[Split, Split]:
-        return holdout(data, VALIDATION_FRACTION, self.settings.seed)
+        return holdout(data, VALIDATION_FRACTION, self.settings.split_seed)
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         s = self.settings
@@ -91,7 +91,7 @@ class SuperFedClient(ClientMethod):
 
         model.set_lambda(0.0)
         try:
-            return self._train(model, train, seed, epochs=s.local_epochs, params=fed + local if mixing else fed, loss_fn=loss_fn)
+            return self._train_local(model, train, seed, params=fed + local if mixing else fed, loss_fn=loss_fn)
         finally:
             model.set_lambda(0.0)
 

@@ -1,7 +1,8 @@
 """The federated view of a data set: each client's train/test tensors and the global test set.
 
 Built from the run settings alone, so every process (server, simulated client, SuperNode)
-derives the same partition for the same seed. Results are cached per process.
+derives the same partition for the same data seed (``data-seed``, by default ``seed``). Results
+are cached per process, keyed by the whole settings (the data seed included).
 """
 
 from __future__ import annotations
@@ -98,27 +99,47 @@ def check_data(settings: Settings, num_clients: int | None = None) -> None:
         split_indices(pool, num_clients, settings)
 
 
+def pool_subset(pool: Pool, s: Settings) -> np.ndarray | None:
+    """The pool indices ``data-fraction`` keeps (stratified by class, seeded by the data seed);
+    None for the whole pool."""
+    if s.data_fraction >= 1:
+        return None
+    seed = int(np.random.SeedSequence([s.split_seed, 13]).generate_state(1)[0])
+    return P.stratified_subset(pool.y.numpy(), s.data_fraction, seed)
+
+
 def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """One index array per client for the configured partition."""
-    labels = pool.y.numpy()
+    """One index array per client into the pool for the configured partition (of the
+    ``data-fraction`` subset, when it is set)."""
+    keep = pool_subset(pool, s)
+    labels = pool.y.numpy() if keep is None else pool.y.numpy()[keep]
+    ids = pool.ids if keep is None or pool.ids is None else pool.ids[keep]
+    parts, groups = _partition(labels, ids, num_clients, s)
+    return (parts if keep is None else [keep[p] for p in parts]), groups
+
+
+def _partition(labels: np.ndarray, ids: np.ndarray | None, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
+    seed = s.split_seed
     if s.partition == "natural-id":
-        if pool.ids is None:
+        if ids is None:
             raise P.PartitionError("partition 'natural-id' needs a data set with an id column (natural-id-column)")
-        return P.natural_id(pool.ids, num_clients), None
+        return P.natural_id(ids, num_clients), None
     if s.partition == "shards":
-        return P.shards(labels, num_clients, s.shards_per_client, s.seed), None
+        return P.shards(labels, num_clients, s.shards_per_client, seed), None
     if s.partition in ("linear", "exponential", "sizes"):
         sizes = P.parse_sizes(s.client_sizes) if s.partition == "sizes" else None
-        return P.quantity_skew(labels, num_clients, s.partition, s.seed, sizes), None
+        return P.quantity_skew(labels, num_clients, s.partition, seed, sizes), None
     if s.partition == "iid":
-        return P.iid(labels, num_clients, s.seed), None
+        return P.iid(labels, num_clients, seed), None
     if s.partition == "dirichlet":
-        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, s.seed), None
+        return P.dirichlet(labels, num_clients, s.dirichlet_alpha, seed), None
     if s.partition == "pathological":
-        return P.pathological(labels, num_clients, s.classes_per_client, s.seed, s.samples_per_client), None
+        return P.pathological(labels, num_clients, s.classes_per_client, seed, s.samples_per_client), None
     if s.partition == "dominant":
-        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, s.seed, s.samples_per_client), None
-    return P.label_groups(labels, num_clients, s.label_groups, s.seed, s.samples_per_client, s.group_assignment)
+        return P.dominant(labels, num_clients, s.dominant_classes, s.dominant_fraction, seed, s.samples_per_client), None
+    if s.partition == "classes":
+        return P.listed_classes(labels, num_clients, P.parse_class_groups(s.client_classes), seed, s.samples_per_client), None
+    return P.label_groups(labels, num_clients, s.label_groups, seed, s.samples_per_client, s.group_assignment)
 
 
 @lru_cache(maxsize=8)
@@ -134,11 +155,13 @@ def split_indices(pool: Pool, num_clients: int, settings: Settings) -> Federated
     train, test = [], []
     for cid, idx in enumerate(parts):
         if len(idx) < 2:
+            keep = pool_subset(pool, settings)
+            pooled = f"{len(labels)}" if keep is None else f"{len(keep)}, data-fraction={settings.data_fraction} of {len(labels)},"
             raise P.PartitionError(
                 f"partition '{settings.partition}' leaves client {cid} with {len(idx)} samples "
-                f"(of {len(labels)} for {num_clients} clients); use fewer clients or another partition"
+                f"(of {pooled} for {num_clients} clients); use fewer clients or another partition"
             )
-        tr, te = P.train_test_split(idx, labels, settings.test_fraction, settings.seed + cid)
+        tr, te = P.train_test_split(idx, labels, settings.test_fraction, settings.split_seed + cid)
         train.append(tr)
         test.append(te)
     return FederatedIndices(tuple(train), tuple(test), groups)
@@ -163,11 +186,11 @@ def client_data(settings: Settings, client_id: int, num_clients: int) -> tuple[S
     tr, te = torch.from_numpy(fi.train[client_id]), torch.from_numpy(fi.test[client_id])
     y_train = pool.y[tr]
     if settings.label_noise != "none" and settings.label_noise_ratio > 0:
-        seed = int(np.random.SeedSequence([settings.seed, client_id, 7]).generate_state(1)[0])
+        seed = int(np.random.SeedSequence([settings.split_seed, client_id, 7]).generate_state(1)[0])
         y_train = P.noisy_labels(y_train, settings.label_noise, settings.label_noise_ratio, pool.num_classes, seed)
     x_train, x_test = pool.x[tr], pool.x[te]
     if settings.feature_shift != "none":
-        domain = domain_of(settings.feature_shift, settings.seed, client_id, num_clients)
+        domain = domain_of(settings.feature_shift, settings.split_seed, client_id, num_clients)
         x_train, x_test = domain.apply(x_train), domain.apply(x_test)
     return Split(x_train, y_train), Split(x_test, pool.y[te])
 
@@ -185,7 +208,7 @@ def client_domain(settings: Settings, client_id: int, num_clients: int) -> str:
     """What sets client ``client_id``'s inputs apart: its feature-shift domain, or the natural ids
     it holds (``natural-id``); '' when the clients differ in their labels only."""
     if settings.feature_shift != "none":
-        return domain_of(settings.feature_shift, settings.seed, client_id, num_clients).name(pool_for(settings).shape[0])
+        return domain_of(settings.feature_shift, settings.split_seed, client_id, num_clients).name(pool_for(settings).shape[0])
     if settings.partition == "natural-id" and (ids := pool_for(settings).ids) is not None:
         held = P.natural_ids_of(ids, num_clients, client_id)
         return ", ".join(held[:3]) + (f" (+{len(held) - 3})" if len(held) > 3 else "")

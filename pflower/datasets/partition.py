@@ -6,7 +6,8 @@ Every function is deterministic for a seed and returns one index array per clien
 its IidPartitioner, ``natural_id`` the same partitions as its NaturalIdPartitioner when there
 are as many ids as clients, both without the import); the pFedLA settings (``pathological``: k
 classes with equal samples per class; ``dominant``: all classes, a few dominant) and the
-FedeRiCo setting (``label-groups``) have no counterpart there.
+FedeRiCo setting (``label-groups``) and explicit class lists (``listed_classes``) have no
+counterpart there; ``stratified_subset`` draws ``data-fraction`` of the pool before any of them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import torch
 
 
 class PartitionError(ValueError):
-    """A partition that cannot be built (e.g. a client would get no samples)."""
+    """A partition that cannot be built (e.g. a client would get no samples); ``key``: the
+    run-config key the problem is about (a run config error names it)."""
+
+    def __init__(self, message: str, key: str = "partition"):
+        super().__init__(message)
+        self.key = key
 
 
 def _as_hf_dataset(labels: np.ndarray, index: np.ndarray | None = None):
@@ -67,6 +73,64 @@ def parse_sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 2:
         raise ValueError("must be one whole number >= 2 per client, comma-separated (e.g. '100,200,700')")
     return sizes
+
+
+def parse_class_groups(text: str) -> list[list[int]]:
+    """``client-classes``: '0,1,2;3,4' as [[0, 1, 2], [3, 4]]; ValueError unless every group
+    is class ids (whole numbers >= 0), each once in its group."""
+    form = "must be one group of class ids per client, groups separated by ';', ids by ',' (e.g. '0,1,2;3,4;5')"
+    if not text.strip():
+        raise ValueError(form)
+    groups = []
+    for i, group in enumerate(text.split(";")):
+        try:
+            ids = [int(v) for v in group.split(",")]
+        except ValueError:
+            raise ValueError(f"{form}; group {i + 1} ({group.strip()!r}) is not a list of whole numbers") from None
+        if min(ids) < 0:
+            raise ValueError(f"{form}; group {i + 1} has class {min(ids)}, class ids start at 0")
+        if len(set(ids)) < len(ids):
+            raise ValueError(f"{form}; group {i + 1} lists class {next(k for k in ids if ids.count(k) > 1)} twice")
+        groups.append(ids)
+    return groups
+
+
+def listed_classes(labels: np.ndarray, num_clients: int, groups: list[list[int]], seed: int, samples_per_client: int = 0) -> list[np.ndarray]:
+    """Client i holds the classes ``groups[i]`` lists (``client-classes``, pFedLA's Figs. 5-6).
+
+    Each class's samples, in a seeded random order, are split evenly among the clients that list
+    it (sizes within one; which of them get one more is random, not by id); a class no client
+    lists is unused. With ``samples_per_client`` > 0 every client keeps that many of its share,
+    equal per class (within one).
+    """
+    if len(groups) != num_clients:
+        raise PartitionError(f"client-classes gives {len(groups)} groups for {num_clients} clients; give one group per client", key="client-classes")
+    rng = np.random.default_rng(seed)
+    pools = _class_pools(labels, rng)
+    if beyond := sorted({c for g in groups for c in g if c >= len(pools)}):
+        raise PartitionError(f"client-classes lists class {beyond[0]}; the data set's class ids are 0-{len(pools) - 1}", key="client-classes")
+    shares: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c, pool in enumerate(pools):
+        users = np.array([i for i, g in enumerate(groups) if c in g], dtype=np.int64)
+        if len(users) == 0:
+            continue
+        for i, chunk in zip(rng.permutation(users), np.array_split(pool, len(users))):
+            shares[i].append(chunk)
+    parts = [np.sort(np.concatenate(p)) for p in shares]
+    if samples_per_client:
+        parts = [_class_balanced_subset(p, labels, samples_per_client, rng, "share of the classes client-classes lists") for p in parts]
+    return parts
+
+
+def stratified_subset(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of a seeded ``fraction`` of the pool, stratified by class (``data-fraction``):
+    each class keeps round(fraction × its samples), at least one, drawn at random."""
+    rng = np.random.default_rng(seed)
+    keep = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        keep.append(rng.permutation(idx)[: max(1, int(round(fraction * len(idx))))])
+    return np.sort(np.concatenate(keep))
 
 
 def quantity_skew(labels: np.ndarray, num_clients: int, kind: str, seed: int, sizes: list[int] | None = None) -> list[np.ndarray]:
@@ -318,19 +382,19 @@ def label_groups(
         dropped = np.isin(labels, np.flatnonzero(unused))
         parts = [p[~dropped[p]] for p in parts]
     if samples_per_client:
-        parts = [_class_balanced_subset(p, labels, samples_per_client, rng) for p in parts]
+        parts = [_class_balanced_subset(p, labels, samples_per_client, rng, "share of its label group") for p in parts]
     return parts, group_of
 
 
-def _class_balanced_subset(part: np.ndarray, labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+def _class_balanced_subset(part: np.ndarray, labels: np.ndarray, size: int, rng: np.random.Generator, share: str) -> np.ndarray:
     """``size`` indices of ``part``, equal per class (within one), at random within a class."""
     classes = np.unique(labels[part])
     counts = _largest_remainder(np.full((1, len(classes)), 1 / len(classes)), size, rng)[0]
     have = np.array([(labels[part] == c).sum() for c in classes])
     if (counts > have).any():
         raise PartitionError(
-            f"samples-per-client={size} needs {int(counts.max())} samples per class, a client's share of its "
-            f"label group has {int(have.min())}; the most is {int(have.min()) * len(classes)}"
+            f"samples-per-client={size} needs {int(counts.max())} samples per class, a client's {share} has "
+            f"{int(have.min())}; the most is {int(have.min()) * len(classes)}"
         )
     chosen = [rng.permutation(part[labels[part] == c])[:k] for c, k in zip(classes, counts)]
     return np.sort(np.concatenate(chosen))

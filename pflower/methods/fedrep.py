@@ -6,7 +6,7 @@ from pflower.methods.declaration import HeadParams, Method, wrap_head
 
 
 class FedRepParams(HeadParams):
-    body_epochs: int = Field(1, ge=1, le=1000, description="body epochs after `local-epochs` head epochs")
+    body_epochs: int = Field(1, ge=1, le=1000, description="body epochs after `local-epochs` head epochs (or `local-steps` head steps)")
 
 
 METHOD = Method(
