@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 from conftest import in_process_rounds, run_config
-from fake_device import FAKE, FakeDevice
+from fake_device import FAKE, FakeDevice, MixedDevices
 
 from pflower.build import build_strategy
 from pflower.config import load_settings
@@ -34,6 +34,21 @@ def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, cl
     assert not fake.errors, "\n".join(dict.fromkeys(fake.errors))
     assert failure is None, failure
     assert on_fake == on_cpu
+
+
+def test_the_fake_device_refuses_what_cuda_refuses_and_keeps_the_values():
+    """A CPU tensor of one or more dimensions in an op on the fake device is refused wherever the
+    op holds it (an argument, a list, a list of lists); a 0-dimensional one is a scalar."""
+    with FakeDevice() as fake:
+        a = torch.ones(3).to(FAKE)
+        for op in (lambda: a + torch.ones(3), lambda: torch.cat([a, torch.ones(3)]), lambda: torch._foreach_add([a], [torch.ones(3)])):
+            with pytest.raises(MixedDevices, match=r"mixes meta with CPU tensors of shape \(3,\)"):
+                op()
+        b = a * torch.tensor(2.0)
+        values, index = torch.max(torch.stack([b, a]), 0)
+    assert len(fake.errors) == 3
+    assert (b.device, values.device, index.device) == (FAKE,) * 3
+    assert torch.equal(values.cpu(), torch.full((3,), 2.0)) and torch.equal(index.cpu(), torch.zeros(3, dtype=torch.long))
 
 
 def test_pflower_device_pins_the_device(monkeypatch):
