@@ -17,7 +17,8 @@ Like every model of the project it is a ``body`` (stem, stages, pooling, flatten
 (the Linear); the body has no fully connected layer, so a ``classifier`` head is the same Linear.
 Its layers (:func:`pflower.models.layers`), pFedLA's and SuPerFed's unit, are its 41 modules with
 parameters: each convolution and each normalization layer (shortcuts included) and the head.
-Weights start as PyTorch initializes each module (the field's CIFAR ResNets do the same).
+Weights start as torchvision's ResNet initializes them: Kaiming normal (fan-out) convolutions,
+normalization layers at 1 and 0, PyTorch's default for the Linear.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class ResNet18(nn.Module):
             inplanes = multiple * width
         self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.head = nn.Linear(inplanes, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
