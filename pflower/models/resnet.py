@@ -4,8 +4,9 @@
 The CIFAR form of He et al.'s network: a 3x3 stem convolution (stride 1, no max-pool), four
 stages of two ``BasicBlock`` each (64, 128, 256, 512 channels; stages 2 to 4 halve the image with
 a strided first block, whose shortcut is a 1x1 convolution and a normalization layer), global
-average pooling and one Linear. It takes any number of channels and any image side (28x28
-grayscale leaves 4x4 at the last stage, 32x32 colour 4x4, 8x8 1x1).
+average pooling and one Linear. It takes any number of channels and any image side; a run
+needs at least 16x16 (:data:`pflower.config.MODEL_MIN_SIZE`: below it the last stage is 1x1,
+where BatchNorm cannot train on a minibatch of one). 28x28 and 32x32 leave 4x4 at the last stage.
 
 Normalization (``resnet-norm``): ``batch`` (BatchNorm, the published network) or ``group``
 (GroupNorm with :data:`GROUPS` groups in every layer, as Reddi et al. (2021, *Adaptive Federated
