@@ -1,5 +1,7 @@
 """Models: output shapes for every data shape, and the layer API."""
 
+import copy
+
 import pytest
 import torch
 
@@ -140,20 +142,7 @@ def test_resnet18_is_the_cifar_form_of_resnet_18_from_torchvisions_blocks(norm):
     assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
-def test_resnet18_normalization_and_what_fedbn_keeps_local():
-    """``batch``: 20 BatchNorm layers, whose affine pairs and running statistics FedBN keeps;
-    ``group``: 20 GroupNorm layers of 2 groups, no running statistics, FedBN keeps their affine pairs."""
-    bn, gn = _resnet("batch"), _resnet("group")
-    norms = lambda net, kind: [m for m in net.modules() if isinstance(m, kind)]  # noqa: E731
-    assert len(norms(bn, torch.nn.BatchNorm2d)) == 20 and norms(bn, torch.nn.GroupNorm) == []
-    assert len(norms(gn, torch.nn.GroupNorm)) == 20 and norms(gn, torch.nn.BatchNorm2d) == []
-    assert {m.num_groups for m in norms(gn, torch.nn.GroupNorm)} == {2}
-    assert len(norm_keys(bn)) == 80 and {k.rsplit(".", 1)[1] for k in norm_keys(bn)} == {"weight", "bias", "running_mean", "running_var"}
-    assert len(norm_keys(gn)) == 40 and {k.rsplit(".", 1)[1] for k in norm_keys(gn)} == {"weight", "bias"}
-    assert not any("running" in k for k in gn.state_dict())
-
-
-@pytest.mark.parametrize("shape", [(1, 28, 28), (1, 16, 16), (3, 32, 32)])
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
 @pytest.mark.parametrize("model", ["leaf-cnn", "resnet18"])
 def test_the_new_models_take_any_channels_and_sizes(model, shape):
     net = build_model(_settings(model), shape, 10, seed=0)
@@ -183,6 +172,6 @@ def test_every_head_split_of_resnet18_is_its_linear():
     x = torch.randn(2, 1, 16, 16)
     assert torch.equal(split(x), net(x))
     for heads in ("last", "classifier"):
-        double = DoubleHead(_resnet("group", (1, 16, 16)), heads)
+        double = DoubleHead(copy.deepcopy(net), heads)
         assert [type(m).__name__ for m in double.local_head.modules() if not isinstance(m, torch.nn.Sequential)] == ["Linear"]
     assert MixedModel(net, "layer").num_layers == 41

@@ -36,12 +36,20 @@ def test_the_full_network_trains_on_cifar10_shaped_images(tmp_path, norm):
     assert not any(torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
-@pytest.mark.parametrize("norm,local", [("batch", {"weight", "bias", "running_mean", "running_var"}), ("group", {"weight", "bias"})])
-def test_fedbn_keeps_resnet18s_normalization_layers_local(tmp_path, norm, local):
-    """FedBN uploads everything but the 20 normalization layers: BatchNorm's affine pairs and
-    running statistics, or GroupNorm's affine pairs (it has no statistics)."""
+@pytest.mark.parametrize(
+    "norm,layer,local",
+    [("batch", torch.nn.BatchNorm2d, {"weight", "bias", "running_mean", "running_var"}), ("group", torch.nn.GroupNorm, {"weight", "bias"})],
+)
+def test_fedbn_keeps_resnet18s_normalization_layers_local(tmp_path, norm, layer, local):
+    """``resnet-norm`` gives ResNet-18 20 BatchNorm layers or 20 GroupNorm layers of 2 groups
+    (no running statistics); FedBN uploads everything but them: BatchNorm's affine pairs and
+    running statistics, or GroupNorm's affine pairs."""
     settings = cifar10_settings(tmp_path, method="fedbn", **{"resnet-norm": norm})
     model = build_model(settings, settings.image_shape, settings.num_classes, seed=0)
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.GroupNorm))]
+    assert len(norms) == 20 and all(type(m) is layer for m in norms)
+    if norm == "group":
+        assert {m.num_groups for m in norms} == {2} and not any("running" in k for k in model.state_dict())
     kept = set(communicable_keys(model)) - set(client_method(settings).upload_keys(model))
     assert kept == set(norm_keys(model)) and len(kept) == 20 * len(local)
     assert {k.rsplit(".", 1)[1] for k in kept} == local
