@@ -15,7 +15,7 @@ from torch import nn
 
 from pflower.config import MODEL_MIN_SIZE, Settings
 from pflower.methods import get
-from pflower.models import CNN, CNN2, MLP, LeNet, TwoCNN
+from pflower.models import CNN, CNN2, MLP, LeafCNN, LeNet, TwoCNN
 
 if TYPE_CHECKING:
     from pflower.client_app.base import ClientMethod
@@ -50,6 +50,12 @@ def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: in
             model = TwoCNN(in_channels, height, num_classes)
         elif name == "cnn2":
             model = CNN2(in_channels, height, num_classes)
+        elif name == "leaf-cnn":
+            model = LeafCNN(in_channels, height, num_classes)
+        elif name == "resnet18":
+            from pflower.models import resnet  # imports torchvision: only where it is used
+
+            model = resnet.ResNet18(in_channels, num_classes, norm=settings.resnet_norm)
         else:
             model = CNN(in_channels, height, num_classes, batch_norm=name == "cnn-bn")
         wrap = get(settings.method).wrap  # inside: the double head draws its local head

@@ -29,9 +29,11 @@ Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-group
 TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "SVHN", "CIFAR10", "CIFAR100", "USPS"]
 EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 FeatureShift = Literal["none", "rotation", "contrast", "noise", "blur", "colour", "mixed"]
-ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2"]
-#: The smallest image side a model takes (its valid convolutions and pools leave nothing below).
-MODEL_MIN_SIZE = {"lenet": 16, "lenet-bn": 16, "twocnn": 4, "cnn2": 8, "cnn": 4, "cnn-bn": 4, "auto": 4}
+ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2", "leaf-cnn", "resnet18"]
+ResNetNorm = Literal["batch", "group"]
+#: The smallest image side a model takes (its valid convolutions and pools leave nothing below;
+#: ResNet-18's last stage is 1x1 below 16x16, where BatchNorm cannot train on a minibatch of one).
+MODEL_MIN_SIZE = {"lenet": 16, "lenet-bn": 16, "twocnn": 4, "cnn2": 8, "leaf-cnn": 4, "resnet18": 16, "cnn": 4, "cnn-bn": 4, "auto": 4}
 Aggregation = Literal["mean", "median", "trimmed-mean"]
 LabelNoise = Literal["none", "pair", "symmetric"]
 TestMode = Literal["local", "global", "both"]
@@ -87,7 +89,11 @@ class Settings(BaseModel):
     )
     model: ModelName = Field(
         "auto",
-        description="`cnn`, `cnn-bn` (CNN with BatchNorm), `mlp` (the FedAvg paper's 2NN, SuPerFed's MNIST model); the papers' CNNs: `lenet`, `lenet-bn` (pFedHN's, which pFedLA uses, with BatchNorm on CIFAR), `twocnn` (the FedAvg paper's, SuPerFed's CIFAR-10 model), `cnn2` (Shen et al.'s, FedeRiCo's); `auto` = `cnn` for 1-channel, `cnn-bn` for colour images",
+        description="`cnn`, `cnn-bn` (CNN with BatchNorm), `mlp` (the FedAvg paper's 2NN, SuPerFed's MNIST model); the papers' CNNs: `lenet`, `lenet-bn` (pFedHN's, which pFedLA uses, with BatchNorm on CIFAR), `twocnn` (the FedAvg paper's, SuPerFed's CIFAR-10 model), `cnn2` (Shen et al.'s, FedeRiCo's), `leaf-cnn` (LEAF's FEMNIST CNN, the double-head paper's); `resnet18` (ResNet-18 in its CIFAR form: 3×3 stem, no max-pool; images of at least 16×16; normalization by `resnet-norm`); `auto` = `cnn` for 1-channel, `cnn-bn` for colour images",
+    )
+    resnet_norm: ResNetNorm = Field(
+        "batch",
+        description="`resnet18`: its normalization layers, `batch` (BatchNorm, the published network) or `group` (GroupNorm, 2 groups per layer, as federated ResNet-18s run it: Hsieh et al. 2020, Reddi et al. 2021); FedBN keeps either's layers local (GroupNorm's: its affine parameters, it has no statistics)",
     )
     partition: Partition = Field(
         "pathological",
@@ -526,6 +532,7 @@ SCOPED_KEYS = (
     ("label-noise-ratio", "label_noise_ratio", lambda s: s.label_noise != "none", "label-noise other than 'none'"),
     ("trim-fraction", "trim_fraction", lambda s: s.aggregation == "trimmed-mean", "aggregation 'trimmed-mean'"),
     ("momentum", "momentum", lambda s: s.optimizer == "sgd", "optimizer 'sgd'"),
+    ("resnet-norm", "resnet_norm", lambda s: s.model == "resnet18", "model 'resnet18'"),
     ("download", "download", lambda s: s.dataset in ("cifar10", "cifar100"), "dataset 'cifar10' or 'cifar100'"),
     ("client-sizes", "client_sizes", lambda s: s.partition == "sizes", "partition 'sizes'"),
     ("client-classes", "client_classes", lambda s: s.partition == "classes", "partition 'classes'"),

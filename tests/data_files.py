@@ -56,6 +56,23 @@ def write_svhn(root: Path, n: int = 12, classes: int = 10) -> tuple[np.ndarray, 
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def write_cifar10(root: Path, n: int = 12, classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """``cifar-10-batches-py/{data_batch_1..5,test_batch}``: pickled dicts with 'data' [m, 3072] and
+    'labels', ``n`` images in the training batches together (spread over the five) and ``n`` in the test batch."""
+    base = root / "cifar-10-batches-py"
+    base.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for k, names in enumerate(([f"data_batch_{i}" for i in range(1, 6)], ["test_batch"])):
+        x = _images(n, (3, 32, 32), k)
+        y = np.arange(n) % classes
+        for name, part in zip(names, np.array_split(np.arange(n), len(names))):
+            with open(base / name, "wb") as f:
+                pickle.dump({"data": x[part].reshape(len(part), -1), "labels": y[part].tolist()}, f)
+        xs.append(x)
+        ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 def write_cifar100(root: Path, n: int = 12, classes: int = 100) -> tuple[np.ndarray, np.ndarray]:
     """``cifar-100-python/{train,test,meta}``: pickled dicts with 'data' [n, 3072] and 'fine_labels'."""
     base = root / "cifar-100-python"

@@ -81,11 +81,48 @@ def _refuse(err: Exception) -> Exception:
     return err
 
 
-def _run(func, args, kwargs):
+#: What ops take besides tensors and containers of them: leaves with no tensor inside.
+_PLAIN = {int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Generator}
+
+
+def _tensors(x, out: list) -> list:
+    """The tensors in an op's arguments or results (``out``, in order): PyTorch's tree flattening
+    for what ops take (lists, tuples, dicts) done directly, which was most of the fake device's
+    time; any other container goes through ``tree_flatten``."""
+    kind = type(x)
+    if kind is list or kind is tuple or kind is dict:
+        for y in x.values() if kind is dict else x:
+            if isinstance(y, torch.Tensor):
+                out.append(y)
+            elif type(y) not in _PLAIN:
+                _tensors(y, out)
+    elif isinstance(x, torch.Tensor):
+        out.append(x)
+    elif kind not in _PLAIN:
+        out.extend(t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
+    return out
+
+
+def _map(f, x):
+    """``tree_map(f, x)`` for the tensors of ``x``, the same containers done directly as in :func:`_tensors`."""
+    kind = type(x)
+    if kind is list or kind is tuple:
+        out = [f(y) if isinstance(y, torch.Tensor) else y if type(y) in _PLAIN else _map(f, y) for y in x]
+        return out if kind is list else tuple(out)
+    if kind is dict:
+        return {k: f(y) if isinstance(y, torch.Tensor) else y if type(y) in _PLAIN else _map(f, y) for k, y in x.items()}
+    if isinstance(x, torch.Tensor):
+        return f(x)
+    if kind in _PLAIN:
+        return x
+    return tree_map(lambda y: f(y) if isinstance(y, torch.Tensor) else y, x)
+
+
+def _run(func, args, kwargs, tensors: list | None = None):
     """One op on (or onto) the fake device: refuse a mix as CUDA would, run it on the values, wrap
-    what lands on the fake device."""
+    what lands on the fake device (``tensors``: those of the arguments, if known)."""
     name = func._schema.name
-    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    tensors = _tensors(kwargs, _tensors(args, [])) if tensors is None else tensors
     fake = any(isinstance(t, OnDevice) for t in tensors)
     if fake and name not in CROSS_DEVICE:
         cpu = [t for t in tensors if not isinstance(t, OnDevice) and t.device.type == "cpu" and t.dim() > 0]
@@ -102,18 +139,16 @@ def _run(func, args, kwargs):
         kwargs["generator"] = _state["generator"]
     inner = {id(t): t.value for t in tensors if isinstance(t, OnDevice)}
     owner = {id(t.value): t for t in tensors if isinstance(t, OnDevice)}
-    unwrap = lambda x: inner.get(id(x), x) if isinstance(x, torch.Tensor) else x  # noqa: E731
-    out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    unwrap = lambda x: inner.get(id(x), x)  # noqa: E731
+    out = func(*_map(unwrap, args), **_map(unwrap, kwargs))
     on_fake = torch.device(target).type == FAKE.type if target is not None else fake
 
     def wrap(x):
-        if not isinstance(x, torch.Tensor):
-            return x
         if id(x) in owner:  # an in-place op returns the tensor it changed
             return owner[id(x)]
         return OnDevice(x) if on_fake else x
 
-    return tree_map(wrap, out)
+    return _map(wrap, out)
 
 
 class FakeDevice(TorchDispatchMode):
@@ -137,8 +172,7 @@ class FakeDevice(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         target = kwargs.get("device")
-        if any(isinstance(t, OnDevice) for t in tree_flatten((args, kwargs))[0]) or (
-            target is not None and torch.device(target).type == FAKE.type
-        ):  # fmt: skip
-            return _run(func, args, kwargs)
+        tensors = _tensors(kwargs, _tensors(args, []))
+        if any(isinstance(t, OnDevice) for t in tensors) or (target is not None and torch.device(target).type == FAKE.type):
+            return _run(func, args, kwargs, tensors)
         return func(*args, **kwargs)

@@ -6,34 +6,85 @@ received (CPU) tensor from its model's or draws its model's weights on the devic
 naming the line, without a GPU.
 """
 
+import functools
+import math
 import os
 
 import pytest
 import torch
 from conftest import in_process_rounds, run_config
-from fake_device import FAKE, FakeDevice
+from data_files import write_cifar10
+from fake_device import FAKE, FakeDevice, MixedDevices
 
 from pflower.build import build_strategy
 from pflower.config import load_settings
 from pflower.methods import declarations
 
+#: Models every method also runs on here, besides its example's.
+MODELS = ("leaf-cnn", "resnet18")
 
+
+def on_model(model: str, tmp_path, monkeypatch) -> dict:
+    """Run-config keys that run ``model``: LEAF's CNN on the default 8x8 digits; ResNet-18
+    (BatchNorm) on CIFAR-10-shaped data (32x32 colour images in CIFAR-10's files, written here),
+    built at 1/16 of its width (4 channels in its first stage, 45 thousand parameters instead of
+    11 million): the same 41 layers, normalization layers, shortcuts and head, which is what a
+    method sees of a model (test_resnet.py trains the full width)."""
+    if model != "resnet18":
+        return {"model": model}
+    from pflower.models import resnet
+
+    monkeypatch.setattr(resnet, "ResNet18", functools.partial(resnet.ResNet18, width=4))
+    write_cifar10(tmp_path / "cifar10", n=60)
+    return {"model": model, "dataset": "torchvision", "torchvision-name": "CIFAR10", "data-dir": str(tmp_path / "cifar10")}
+
+
+@pytest.mark.parametrize("model", ["example", *MODELS])
 @pytest.mark.parametrize("method", sorted(declarations()))
-def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, client_module, no_figures, method):
-    """The method's example run (2 rounds, 3 clients of 60 samples) on the CPU, then on the fake device."""
+def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, client_module, no_figures, method, model):
+    """The method's example run on the CPU, then on the fake device: with the example's model
+    (2 rounds, 3 clients of 60 samples), and with each of :data:`MODELS` at the smallest scale
+    that runs all of a method on it (1 round: training and the evaluation after it, 2 clients of
+    20 samples; later rounds run the same code on any model), where every client must also have
+    trained and evaluated (for ResNet-18: every method trains it in process on CIFAR-10-shaped data)."""
     cfg = {**run_config(method=method, num_server_rounds=2, local_epochs=1, samples_per_client=60), **declarations()[method].example}
-    on_cpu = in_process_rounds(cfg, tmp_path / "cpu")
+    clients = 3
+    if model != "example":
+        cfg = {**cfg, "num-server-rounds": 1, "samples-per-client": 20, **on_model(model, tmp_path, monkeypatch)}
+        clients = 2
+        if method == "pfedhn":  # its hypernetwork ends in Linear(hidden-dim -> every parameter): 100 x LEAF's CNN is most of the test's time
+            cfg["pfedhn.hidden-dim"] = 8
+    on_cpu = in_process_rounds(cfg, tmp_path / "cpu", clients)
+    if model != "example":
+        assert [(r["sampled"], r["evaluated"], r["rejected"], r["missing"]) for r in on_cpu] == [(2, 2, {}, [])]
+        assert 0 <= on_cpu[0]["accuracy"] <= 1 and math.isfinite(on_cpu[0]["loss"])
+        assert method == "federico" or math.isfinite(on_cpu[0]["train-loss"])  # FedeRiCo's relay records no train-loss
     client_module._shared.cache_clear()
     monkeypatch.setattr(client_module, "device", lambda: FAKE)
     failure = None
     with FakeDevice() as fake:
         try:
-            on_fake = in_process_rounds(cfg, tmp_path / "fake")
+            on_fake = in_process_rounds(cfg, tmp_path / "fake", clients)
         except Exception as err:  # noqa: BLE001 - the device errors below say more
             failure = err
     assert not fake.errors, "\n".join(dict.fromkeys(fake.errors))
     assert failure is None, failure
     assert on_fake == on_cpu
+
+
+def test_the_fake_device_refuses_what_cuda_refuses_and_keeps_the_values():
+    """A CPU tensor of one or more dimensions in an op on the fake device is refused wherever the
+    op holds it (an argument, a list, a list of lists); a 0-dimensional one is a scalar."""
+    with FakeDevice() as fake:
+        a = torch.ones(3).to(FAKE)
+        for op in (lambda: a + torch.ones(3), lambda: torch.cat([a, torch.ones(3)]), lambda: torch._foreach_add([a], [torch.ones(3)])):
+            with pytest.raises(MixedDevices, match=r"mixes meta with CPU tensors of shape \(3,\)"):
+                op()
+        b = a * torch.tensor(2.0)
+        values, index = torch.max(torch.stack([b, a]), 0)
+    assert len(fake.errors) == 3
+    assert (b.device, values.device, index.device) == (FAKE,) * 3
+    assert torch.equal(values.cpu(), torch.full((3,), 2.0)) and torch.equal(index.cpu(), torch.zeros(3, dtype=torch.long))
 
 
 def test_pflower_device_pins_the_device(monkeypatch):

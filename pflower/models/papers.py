@@ -1,4 +1,5 @@
-"""The papers' own CNNs, for reproducing their tables (``model='lenet'``, ``'twocnn'``, ``'cnn2'``).
+"""The papers' own CNNs, for reproducing their tables (``model='lenet'``, ``'twocnn'``, ``'cnn2'``,
+``'leaf-cnn'``).
 
 Each is a ``body`` (convolutions, flatten, and every fully connected layer but the last) and a
 ``head`` (the last Linear), like the project's other models, so FedPer, FedRep and the double
@@ -34,17 +35,26 @@ class LeNet(nn.Module):
 
 class TwoCNN(nn.Module):
     """The FedAvg paper's CNN, SuPerFed's CIFAR-10 model: conv 5x5 32 and 64 channels ('same'
-    padding), each ReLU and 2x2 max-pool, a 512-unit ReLU layer, the classes."""
+    padding), each ReLU and 2x2 max-pool, a ``hidden``-unit ReLU layer (512), the classes."""
 
-    def __init__(self, in_channels: int, image_size: int, num_classes: int):
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, hidden: int = 512):
         super().__init__()
         features = nn.Sequential(nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                                  nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())  # fmt: skip
-        self.body = nn.Sequential(*features, nn.Linear(flat_features(features, in_channels, image_size), 512), nn.ReLU())
-        self.head = nn.Linear(512, num_classes)
+        self.body = nn.Sequential(*features, nn.Linear(flat_features(features, in_channels, image_size), hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
+
+
+class LeafCNN(TwoCNN):
+    """LEAF's FEMNIST CNN (``models/femnist/cnn.py``), the double-head paper's FEMNIST model: the
+    FedAvg paper's CNN with a 2048-unit fully connected layer (conv 5x5 32 and 64 channels, 'same'
+    padding, each ReLU and 2x2 max-pool; 3136 features on 28x28 grayscale, 2048, the classes)."""
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int):
+        super().__init__(in_channels, image_size, num_classes, hidden=2048)
 
 
 class CNN2(nn.Module):
