@@ -384,6 +384,26 @@ def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) ->
     return "\n".join(lines) + "\n"
 
 
+def missing_data(runs: list[Run], root: Path) -> tuple[list[str], list[str]]:
+    """The data the runs read that is not there, and the `pflower-data` names that fetch it. A
+    data-dir that is one of `pflower-data`'s folders must exist; one that holds such folders (the
+    root torchvision reads, which `dataset='cifar100'` names) must hold the run's dataset's."""
+    missing, names = set(), set()
+    for run in runs:
+        if "data-dir" not in run.config:
+            continue
+        folder = Path(run.config["data-dir"])
+        wanted = [(root / t, d.name) for d in DATASETS.values() for t in d.targets
+                  if root / t == folder or (d.name == run.config.get("dataset") and (root / t).parent == folder)]  # fmt: skip
+        for path, name in wanted:
+            if not path.exists():
+                missing.add(str(path))
+                names.add(name)
+        if not wanted and not folder.exists():
+            missing.add(str(folder))
+    return sorted(missing), sorted(names)
+
+
 def suite_page(suite_name: str, docs: Path = DOCS) -> Path | None:
     """The docs page that holds the suite's block, if one does."""
     marker = f"<!-- bench:{suite_name}:start -->"
@@ -546,10 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite, args.data_root)
-    needed = sorted({r.config["data-dir"] for r in runs if "data-dir" in r.config and not Path(r.config["data-dir"]).exists()})
+    needed, names = missing_data(runs, data_root(args.data_root))
     if needed and not (args.report_only or args.status):
         root = data_root(args.data_root)
-        names = sorted({d.name for d in DATASETS.values() for t in d.targets if str(root / t) in needed})
         fetch = f"`pflower-data {' '.join(names)} --root {root}` fetches it, or " if names else ""
         raise SystemExit(
             f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: {fetch}put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
