@@ -451,12 +451,21 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
     return text
 
 
+def block_problem(page: Path, name: str) -> str | None:
+    """Why ``page`` cannot take the block ``NAME``, or None."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if not page.is_file():
+        return f"{page} is not a file"
+    content = page.read_text()
+    return None if start in content and end in content else f"{page} has no '{start}' ... '{end}' block"
+
+
 def write_block(page: Path, name: str, text: str) -> None:
     """Replace what ``page`` holds between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``."""
+    if why := block_problem(page, name):
+        raise SystemExit(why)
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     content = page.read_text()
-    if start not in content or end not in content:
-        raise SystemExit(f"{page} has no '{start}' ... '{end}' block")
     head, rest = content.split(start, 1)
     page.write_text(head + start + "\n" + text + rest[rest.index(end) :])
 
@@ -566,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite, args.data_root)
+    if args.page is not None and (why := block_problem(args.page, f"bench:{args.suite}")):
+        raise SystemExit(f"--page: {why} (the suite's tables go between those comments)")
     needed, names = missing_data(runs, data_root(args.data_root))
     if needed and not (args.report_only or args.status):
         root = data_root(args.data_root)

@@ -1,6 +1,7 @@
 """The benchmark harness: suite files, resumable execution on real Flower, records, tables and the docs block."""
 
 import json
+import re
 import tomllib
 from itertools import takewhile
 
@@ -100,6 +101,19 @@ def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| local | 0.6000 ± 0.1414 | 0.6000 ± 0.1414 | 2.0 | 10 | 2 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
+
+
+def test_a_page_that_cannot_take_the_tables_stops_the_suite_before_any_run(tmp_path):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    (tmp_path / "other.md").write_text("<!-- bench:other:start -->\n<!-- bench:other:end -->\n")
+    args = ["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--records", str(tmp_path / "records")]
+    for page, why in (
+        (tmp_path / "missing.md", "is not a file"),
+        (tmp_path / "other.md", "has no '<!-- bench:tiny:start -->' ... '<!-- bench:tiny:end -->' block"),
+    ):
+        with pytest.raises(SystemExit, match=re.escape(f"--page: {page} {why}")):
+            main([*args, "--page", str(page)])
+    assert not (tmp_path / "results").exists() and not (tmp_path / "records").exists()
 
 
 def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_path, capsys):
