@@ -91,7 +91,7 @@ class ClusteredFL(TrainRounds):
     """ε₁ ``eps1``, ε₂ ``eps2``, γ_max ``gamma_max``, ``warmup_rounds``, ``min_split_size`` and
     :class:`TrainRounds`' keywords; the initial arrays are the model every cluster starts from."""
 
-    def __init__(self, *, eps1: float = 0.4, eps2: float = 0.6, gamma_max: float = 0.0, warmup_rounds: int = 5, min_split_size: int = 3, **kwargs):
+    def __init__(self, *, eps1: float = 0.4, eps2: float = 1.0, gamma_max: float = 0.0, warmup_rounds: int = 0, min_split_size: int = 3, **kwargs):
         super().__init__(**kwargs)
         if not eps1 > 0 or not eps2 >= 0:
             raise ValueError(f"eps1={eps1} must be > 0 and eps2={eps2} >= 0")
