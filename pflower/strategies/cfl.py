@@ -1,0 +1,203 @@
+"""Clustered FL's server (Sattler, Müller & Samek, 2020): clusters of clients, one model each.
+
+The run starts with one cluster of every client and the initial model. Each round a sampled
+client is sent its cluster's model θ_c and uploads the model it trained, θ_i; its update is
+Δθ_i = θ_i − θ_c. Then, for each cluster c whose clients replied (S_c, n_i samples each):
+
+- ‖Δθ_c‖ = ‖Σ_{i∈S_c} (n_i / n) Δθ_i‖ (the mean update) and max_{i∈S_c} ‖Δθ_i‖;
+- if the round is past ``warmup_rounds``, every client of c replied, c has ``min_split_size``
+  clients or more, ‖Δθ_c‖ < ε₁ and max ‖Δθ_i‖ > ε₂: the bipartition c₁, c₂ of c that
+  minimizes the largest cosine similarity α_ij of updates across it (:func:`optimal_bipartition`),
+  made if √((1 − α_cross)/2) > γ_max, α_cross that largest similarity;
+- each resulting cluster's model becomes θ_c + Σ (n_i / n) Δθ_i over its own replying clients,
+  i.e. their models averaged by samples (FedAvg within the cluster).
+
+A cluster none of whose clients replied keeps its model. Norms and similarities are over the
+arrays that are not BatchNorm running statistics (those are averaged as the model's). Evaluation
+messages carry each client's cluster model; ``global_arrays`` is the cluster models averaged by
+their clients' samples (the one model until a split).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from logging import INFO
+
+import torch
+from flwr.app import ArrayRecord
+from flwr.common.logger import log
+from torch import nn
+
+from pflower.config import Settings
+from pflower.models.layers import RUNNING_STATS
+from pflower.records import FlatSpec, from_record, to_record
+from pflower.strategies.fedavg import weighted_average
+from pflower.strategies.loop import TrainRounds
+from pflower.strategies.validation import Reply
+
+
+def cosine_similarities(updates: torch.Tensor) -> torch.Tensor:
+    """α_ij = ⟨Δθ_i, Δθ_j⟩ / (‖Δθ_i‖ ‖Δθ_j‖) of the rows of ``updates`` [n, P] (a zero row: 0)."""
+    norms = updates.norm(dim=1, keepdim=True)
+    unit = updates / torch.where(norms > 0, norms, torch.ones_like(norms))
+    return unit @ unit.T
+
+
+def optimal_bipartition(similarity: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The split of 0..n−1 into two non-empty parts that minimizes the largest similarity across
+    them (the paper's optimal bipartition): pairs merged in order of decreasing similarity until
+    two groups remain (single linkage, exact for this objective). Ties go to the lower indices;
+    the first part holds 0."""
+    n = len(similarity)
+    if n < 2:
+        raise ValueError(f"a bipartition needs at least 2 items, not {n}")
+    group = list(range(n))
+    pairs = sorted(((i, j) for i in range(n) for j in range(i + 1, n)), key=lambda p: (-float(similarity[p]), p))
+    groups = n
+    for i, j in pairs:
+        if groups == 2:
+            break
+        a, b = group[i], group[j]
+        if a != b:
+            group = [min(a, b) if g == max(a, b) else g for g in group]
+            groups -= 1
+    first = [k for k in range(n) if group[k] == group[0]]
+    return first, [k for k in range(n) if group[k] != group[0]]
+
+
+def split_check(
+    updates: torch.Tensor, weights: torch.Tensor, *, eps1: float, eps2: float, gamma_max: float, may_split: bool
+) -> tuple[dict, tuple[list[int], list[int]] | None]:
+    """One cluster's round: its norms (``mean-norm``, ``max-norm``) and, where ``may_split`` and
+    mean < ε₁ and max > ε₂, the optimal bipartition of its clients (``cross-similarity`` α_cross)
+    if √((1 − α_cross)/2) > γ_max; returns the record and the two parts (indices into
+    ``updates``' rows), or None where it does not split."""
+    mean_norm = float(weighted_average(updates, weights).norm())
+    max_norm = float(updates.norm(dim=1).max())
+    record: dict = {"mean-norm": mean_norm, "max-norm": max_norm}
+    if not (may_split and len(updates) >= 2 and mean_norm < eps1 and max_norm > eps2):
+        return record, None
+    sim = cosine_similarities(updates)
+    first, second = optimal_bipartition(sim)
+    cross = float(sim[first][:, second].max())
+    record["cross-similarity"] = cross
+    if math.sqrt(max(1.0 - cross, 0.0) / 2) > gamma_max:
+        return record, (first, second)
+    return record, None
+
+
+class ClusteredFL(TrainRounds):
+    """ε₁ ``eps1``, ε₂ ``eps2``, γ_max ``gamma_max``, ``warmup_rounds``, ``min_split_size`` and
+    :class:`TrainRounds`' keywords; the initial arrays are the model every cluster starts from."""
+
+    def __init__(self, *, eps1: float = 0.4, eps2: float = 1.0, gamma_max: float = 0.0, warmup_rounds: int = 0, min_split_size: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        if not eps1 > 0 or not eps2 >= 0:
+            raise ValueError(f"eps1={eps1} must be > 0 and eps2={eps2} >= 0")
+        if not 0 <= gamma_max < 1:
+            raise ValueError(f"gamma_max={gamma_max} must be in [0, 1)")
+        if warmup_rounds < 0 or min_split_size < 2:
+            raise ValueError(f"warmup_rounds={warmup_rounds} must be >= 0 and min_split_size={min_split_size} >= 2")
+        self.eps1, self.eps2, self.gamma_max = eps1, eps2, gamma_max
+        self.warmup_rounds, self.min_split_size = warmup_rounds, min_split_size
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.clusters: list[list[int]] = []  # client ids of each cluster, ascending
+        self.models: list[dict[str, torch.Tensor]] = []  # each cluster's model
+        self.cluster_of: dict[int, int] = {}
+        self.stats: dict[int, list[dict]] = {}  # the last aggregated round's per-cluster record, for its metrics row
+        self._records: dict[int, ArrayRecord] = {}  # cluster index (-1: the global arrays) -> its arrays
+
+    @classmethod
+    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> ClusteredFL:
+        p = settings.params
+        strategy = cls(
+            **cls.common_kwargs(settings), eps1=p.eps1, eps2=p.eps2, gamma_max=p.gamma_max, warmup_rounds=p.warmup_rounds, min_split_size=p.min_split_size
+        )
+        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        return strategy
+
+    def prepare(self, initial_arrays: ArrayRecord) -> None:
+        super().prepare(initial_arrays)
+        state = from_record(initial_arrays)
+        self.dtypes = {k: v.dtype for k, v in state.items()}
+        self.model_spec = FlatSpec.of(state)
+        self.update_spec = FlatSpec.of(state, [k for k in state if k.rpartition(".")[2] not in RUNNING_STATS])
+        self._set([list(range(self.federation.num_clients))], [state])
+
+    def _set(self, clusters: list[list[int]], models: list[dict[str, torch.Tensor]]) -> None:
+        self.clusters, self.models = clusters, models
+        self.cluster_of = {cid: k for k, members in enumerate(clusters) for cid in members}
+        self._records.clear()
+
+    def _record(self, k: int) -> ArrayRecord:
+        if k not in self._records:
+            self._records[k] = to_record(self.models[k])
+        return self._records[k]
+
+    def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        return {cid: self._record(self.cluster_of[cid]) for cid in ids}
+
+    def evaluate_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        return self.train_arrays(server_round, ids)
+
+    def global_arrays(self) -> ArrayRecord:
+        """The cluster models averaged by their clients' training samples."""
+        if not self.models:
+            return ArrayRecord()
+        if len(self.models) == 1:
+            return self._record(0)
+        if -1 not in self._records:
+            n = torch.tensor([float(sum(self.federation.num_examples.get(c, 1) for c in members)) for members in self.clusters])
+            flat = weighted_average(torch.stack([self.model_spec.flatten(m).double() for m in self.models]), n)
+            self._records[-1] = to_record({k: v.to(self.dtypes[k]) for k, v in self.model_spec.unflatten(flat).items()})
+        return self._records[-1]
+
+    def update_reference(self, client_id: int) -> Mapping[str, torch.Tensor]:
+        return self.models[self.cluster_of[client_id]]
+
+    def _average(self, replies: list[Reply]) -> dict[str, torch.Tensor]:
+        weights = torch.tensor([float(r.num_examples) for r in replies], dtype=torch.float64)
+        flat = weighted_average(self.model_spec.stack(r.arrays for r in replies).double(), weights)
+        return {k: v.to(self.dtypes[k]) for k, v in self.model_spec.unflatten(flat).items()}
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        by_cluster: dict[int, list[Reply]] = {}
+        for r in sorted(replies, key=lambda r: r.client_id):
+            by_cluster.setdefault(self.cluster_of[r.client_id], []).append(r)
+        clusters, models, stats = [], [], []
+        for k, (members, model) in enumerate(zip(self.clusters, self.models)):
+            got = by_cluster.get(k, [])
+            if not got:
+                clusters.append(members)
+                models.append(model)
+                stats.append({"clients": members, "replied": 0})
+                continue
+            updates = self.update_spec.stack(r.arrays for r in got).double() - self.update_spec.flatten(model).double()
+            weights = torch.tensor([float(r.num_examples) for r in got], dtype=torch.float64)
+            may_split = server_round > self.warmup_rounds and len(got) == len(members) and len(members) >= self.min_split_size
+            record, parts = split_check(updates, weights, eps1=self.eps1, eps2=self.eps2, gamma_max=self.gamma_max, may_split=may_split)
+            groups = [got] if parts is None else [[got[i] for i in part] for part in parts]
+            if parts is not None:
+                log(INFO, "Clustered FL, round %d: cluster %s splits into %s and %s", server_round, members, *([r.client_id for r in g] for g in groups))
+            for g in groups:
+                clusters.append([r.client_id for r in g] if parts is not None else members)
+                models.append(self._average(g))
+            stats.append({"clients": members, "replied": len(got), **record, "split": parts is not None})
+        self._set(clusters, models)
+        self.stats = {server_round: stats}
+
+    def round_extras(self, server_round: int) -> dict:
+        """``clusters``: the clusters after the round; ``cfl``: each cluster's record of the round
+        (its clients, how many replied, its norms, whether it split)."""
+        return {"clusters": self.clusters, "cfl": self.stats.get(server_round, [])}
+
+    def state_dict(self) -> dict:
+        """The clusters (client ids) and their models, each array stacked over the clusters in order."""
+        models = {k: torch.stack([m[k] for m in self.models]) for k in self.dtypes}
+        return {**super().state_dict(), "clusters": [list(m) for m in self.clusters], "models": models}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        clusters = [[int(c) for c in members] for members in state["clusters"]]
+        self._set(clusters, [{k: state["models"][k][i].to(self.dtypes[k]) for k in self.dtypes} for i in range(len(clusters))])
