@@ -261,7 +261,9 @@ def test_pfedhn_refuses_a_hypernetwork_larger_than_the_machine_naming_the_key(tm
     strategy = build_strategy(load_settings(cfg))
     size = sum(v.numel() for v in strategy.initial_arrays.to_torch_state_dict().values())
     monkeypatch.setattr(pfedhn, "physical_memory", lambda: 12 * 100 * size - 1)
-    with pytest.raises(ValueError, match=rf"Linear\(pfedhn.hidden-dim=100 -> the model's {size:,} parameters\).*lower pfedhn.hidden-dim or run a smaller model"):
+    with pytest.raises(
+        ValueError, match=rf"Linear\(pfedhn.hidden-dim=100 -> the model's {size:,} parameters\).*lower pfedhn.hidden-dim or run a smaller model"
+    ):
         strategy.start(grid=grid_factory(cfg, 3))
     assert not (tmp_path / "metrics.json").exists()
 
