@@ -159,7 +159,17 @@ def data_fingerprint(config: dict[str, Any]) -> str:
 
 
 #: Run-config keys that choose the pool a run reads (before partitioning).
-DATA_KEYS = ("dataset", "data-dir", "torchvision-name", "emnist-split", "hf-image-column", "hf-label-column", "hf-text-column", "image-size", "natural-id-column")
+DATA_KEYS = (
+    "dataset",
+    "data-dir",
+    "torchvision-name",
+    "emnist-split",
+    "hf-image-column",
+    "hf-label-column",
+    "hf-text-column",
+    "image-size",
+    "natural-id-column",
+)
 
 
 def data_key(config: dict[str, Any]) -> tuple:
@@ -404,6 +414,26 @@ def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) ->
     return "\n".join(lines) + "\n"
 
 
+def missing_data(runs: list[Run], root: Path) -> tuple[list[str], list[str]]:
+    """The data the runs read that is not there, and the `pflower-data` names that fetch it. A
+    data-dir that is one of `pflower-data`'s folders must exist; one that holds such folders (the
+    root torchvision reads, which `dataset='cifar100'` names) must hold the run's dataset's."""
+    missing, names = set(), set()
+    for run in runs:
+        if "data-dir" not in run.config:
+            continue
+        folder = Path(run.config["data-dir"])
+        wanted = [(root / t, d.name) for d in DATASETS.values() for t in d.targets
+                  if root / t == folder or (d.name == run.config.get("dataset") and (root / t).parent == folder)]  # fmt: skip
+        for path, name in wanted:
+            if not path.exists():
+                missing.add(str(path))
+                names.add(name)
+        if not wanted and not folder.exists():
+            missing.add(str(folder))
+    return sorted(missing), sorted(names)
+
+
 def suite_page(suite_name: str, docs: Path = DOCS) -> Path | None:
     """The docs page that holds the suite's block, if one does."""
     marker = f"<!-- bench:{suite_name}:start -->"
@@ -451,12 +481,21 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
     return text
 
 
+def block_problem(page: Path, name: str) -> str | None:
+    """Why ``page`` cannot take the block ``NAME``, or None."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if not page.is_file():
+        return f"{page} is not a file"
+    content = page.read_text()
+    return None if start in content and end in content else f"{page} has no '{start}' ... '{end}' block"
+
+
 def write_block(page: Path, name: str, text: str) -> None:
     """Replace what ``page`` holds between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``."""
+    if why := block_problem(page, name):
+        raise SystemExit(why)
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     content = page.read_text()
-    if start not in content or end not in content:
-        raise SystemExit(f"{page} has no '{start}' ... '{end}' block")
     head, rest = content.split(start, 1)
     page.write_text(head + start + "\n" + text + rest[rest.index(end) :])
 
@@ -566,10 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite, args.data_root)
-    needed = sorted({r.config["data-dir"] for r in runs if "data-dir" in r.config and not Path(r.config["data-dir"]).exists()})
+    if args.page is not None and (why := block_problem(args.page, f"bench:{args.suite}")):
+        raise SystemExit(f"--page: {why} (the suite's tables go between those comments)")
+    needed, names = missing_data(runs, data_root(args.data_root))
     if needed and not (args.report_only or args.status):
         root = data_root(args.data_root)
-        names = sorted({d.name for d in DATASETS.values() for t in d.targets if str(root / t) in needed})
         fetch = f"`pflower-data {' '.join(names)} --root {root}` fetches it, or " if names else ""
         raise SystemExit(
             f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: {fetch}put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"

@@ -250,6 +250,22 @@ def test_pfedhn_step_moves_the_generated_model_toward_the_trained_one():
     assert torch.equal(gen.params["emb"][[0, 2]], untouched)  # other clients' embeddings stay
 
 
+def test_pfedhn_refuses_a_hypernetwork_larger_than_the_machine_naming_the_key(tmp_path, grid_factory, monkeypatch):
+    """Linear(hidden-dim -> every parameter) with momentum and gradient: 100 x ResNet-18's 11 M
+    parameters is about 12.5 GiB; past the machine's memory the run stops before any round."""
+    import pflower.strategies.pfedhn as pfedhn
+    from pflower.build import build_strategy
+    from pflower.config import load_settings
+
+    cfg = run_config(method="pfedhn", num_server_rounds=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    size = sum(v.numel() for v in strategy.initial_arrays.to_torch_state_dict().values())
+    monkeypatch.setattr(pfedhn, "physical_memory", lambda: 12 * 100 * size - 1)
+    with pytest.raises(ValueError, match=rf"Linear\(pfedhn.hidden-dim=100 -> the model's {size:,} parameters\).*lower pfedhn.hidden-dim or run a smaller model"):
+        strategy.start(grid=grid_factory(cfg, 3))
+    assert not (tmp_path / "metrics.json").exists()
+
+
 def test_pfedhn_takes_one_step_a_round_however_the_replies_are_chunked():
     from pflower.strategies.hypernetwork import ModelGenerator, generator_update
 

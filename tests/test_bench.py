@@ -1,6 +1,7 @@
 """The benchmark harness: suite files, resumable execution on real Flower, records, tables and the docs block."""
 
 import json
+import re
 import tomllib
 from itertools import takewhile
 
@@ -12,7 +13,6 @@ from pflower.bench import RECORDS, ROOT, data_fingerprint, execute, finished, lo
 from pflower.config import load_settings
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 SUITE = """
 [tiny]
@@ -40,26 +40,21 @@ def test_suite_file_expands_to_runs(tmp_path):
         load_suite(tmp_path / "suites.toml", "huge")
 
 
-#: The suites that read LEAF's data sets, which no machine of the tests holds: they run on fixtures.
+#: The suites that read LEAF's data sets: their configs are validated on fixtures, whose ids they count.
 LEAF_SUITES = ("femnist", "femnist-small", "shakespeare", "shakespeare-small")
 
 
-def data_root(tmp_path):
-    """A data root with the shared MNIST and CIFAR-10 folders and tiny FEMNIST (8x8 images) and
-    Shakespeare folders in flwr-datasets' columns (writers and roles of 30, 24 and 20 samples)."""
-    root = tmp_path / "data"
-    root.mkdir()
-    for name in ("mnist", "cifar10-jpg"):
-        (root / name).symlink_to(SHARED_DATA / name)
-    write_femnist(root / "femnist", (30, 24, 20), size=8)
-    write_shakespeare(root / "shakespeare", (30, 24, 20))
-    return root
-
-
-@pytest.mark.skipif(not (SHARED_DATA / "cifar10-jpg").is_dir(), reason="shared data sets not present")
 @pytest.mark.parametrize("name", list(tomllib.loads(PROJECT_SUITES.read_text())))
 def test_every_run_of_the_projects_suites_is_a_valid_config(name, tmp_path):
-    suite, runs = load_suite(PROJECT_SUITES, name, data_root(tmp_path) if name in LEAF_SUITES else SHARED_DATA)
+    """Against a data root with each folder the suites name (validation needs the folders, not their
+    files; a Hugging Face data set is opened, so FEMNIST and Shakespeare are tiny fixtures in
+    flwr-datasets' columns, writers and roles of 30, 24 and 20 samples)."""
+    for folder in ("mnist", "cifar10-jpg", "torchvision"):
+        (tmp_path / folder).mkdir()
+    if name in LEAF_SUITES:
+        write_femnist(tmp_path / "femnist", (30, 24, 20), size=8)
+        write_shakespeare(tmp_path / "shakespeare", (30, 24, 20))
+    suite, runs = load_suite(PROJECT_SUITES, name, tmp_path)
     assert runs and len({(r.grid, r.label, r.seed) for r in runs}) == len(runs)
     assert {r.grid for r in runs} == {g["name"] for g in suite["grid"]}
     for run in runs:
@@ -149,6 +144,19 @@ def test_report_only_tables_the_runs_finished_so_far(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| local | 0.6000 ± 0.1414 | 0.6000 ± 0.1414 | 2.0 | 10 | 2 |" in out and "fedavg-slow" not in out.split("Paper:")[0]
     assert (results / "tiny" / "table.csv").read_text().splitlines()[1:] == ["g,local,2,0.6000,0.1414,0.6000,,2.00,10.0"]
+
+
+def test_a_page_that_cannot_take_the_tables_stops_the_suite_before_any_run(tmp_path):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    (tmp_path / "other.md").write_text("<!-- bench:other:start -->\n<!-- bench:other:end -->\n")
+    args = ["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--records", str(tmp_path / "records")]
+    for page, why in (
+        (tmp_path / "missing.md", "is not a file"),
+        (tmp_path / "other.md", "has no '<!-- bench:tiny:start -->' ... '<!-- bench:tiny:end -->' block"),
+    ):
+        with pytest.raises(SystemExit, match=re.escape(f"--page: {page} {why}")):
+            main([*args, "--page", str(page)])
+    assert not (tmp_path / "results").exists() and not (tmp_path / "records").exists()
 
 
 def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_path, capsys):

@@ -225,6 +225,18 @@ def test_a_suite_without_its_data_names_the_command_that_fetches_it(tmp_path):
         main(["small", "--data-root", str(tmp_path)])
 
 
+def test_a_suite_reading_torchvisions_root_names_its_datasets_folder_and_command(tmp_path):
+    """CIFAR-100's suites read ROOT/torchvision, which may hold other data sets: the folder
+    checked is cifar-100-python inside it, and the command fetches CIFAR-100."""
+    from pflower.bench import main
+
+    (tmp_path / "torchvision" / "MNIST").mkdir(parents=True)
+    want = f"reads {tmp_path / 'torchvision' / 'cifar-100-python'}, which is not there: `pflower-data cifar100 --root {tmp_path}` fetches it"
+    for suite in ("cifar100-pfedla", "cifar100-federico"):
+        with pytest.raises(SystemExit, match=re.escape(want)):
+            main([suite, "--data-root", str(tmp_path)])
+
+
 def test_present_verified_data_is_not_downloaded_again(server, mnist, tmp_path, capsys):
     assert run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)[0] == 0
     asked = len(server.requests)

@@ -228,6 +228,24 @@ def test_an_idx_header_claiming_2_31_images_is_refused_at_once_without_allocatin
     assert time.monotonic() - start < 1 and peak < 2**20
 
 
+def test_an_idx_gzip_inflating_past_its_header_is_refused_without_holding_the_rest(tmp_path):
+    """A gzip bomb: a header for 10 images and 256 MiB of zeros after them (256 KiB compressed)."""
+    head = bytes([0, 0, 8, 3]) + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(head + bytes(7840))
+        for _ in range(256):
+            f.write(bytes(2**20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=f"{path.name} is truncated or corrupt: header says 7840 bytes of data, file has more than 7840"):
+            read_idx(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+
+
 # SVHN: .mat files (scipy)
 
 

@@ -86,24 +86,33 @@ def load_digits() -> Pool:
     return Pool(_normalize(x), torch.from_numpy(data[:, -1].astype(np.int64)), 10)
 
 
+#: Deflate's largest ratio of output to input bytes: what a gzip file can hold at most.
+DEFLATE_MAX_RATIO = 1032
+
+
 def read_idx(path: Path) -> np.ndarray:
-    """Read one IDX file (``.gz`` or raw) into a numpy array."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    """Read one IDX file (``.gz`` or raw) into a numpy array. Reads no more than the header says
+    (a gzip body that inflates past it is refused, not held in memory)."""
+    gz = path.suffix == ".gz"
     try:
-        with opener(path, "rb") as f:
-            raw = f.read()
+        with (gzip.open if gz else open)(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
+                raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
+            ndim = head[3]
+            shape = f.read(4 * ndim)
+            dims = tuple(int.from_bytes(shape[4 * i : 4 + 4 * i], "big") for i in range(len(shape) // 4))
+            expected = math.prod(dims)  # Python's integers: dims near 2**32 cannot wrap around to the file's length
+            room = path.stat().st_size * DEFLATE_MAX_RATIO if gz else path.stat().st_size
+            cap = min(expected, room) + 1
+            body = f.read(cap) if len(dims) == ndim else b""
     except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt gzip body
         raise DataError(f"cannot read IDX file {path}: {err}") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
-    ndim = raw[3]
-    header = 4 + 4 * ndim
-    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    expected = math.prod(dims)  # Python's integers: dims near 2**32 cannot wrap around to the file's length
-    if len(raw) - header != expected:
-        raise DataError(f"{path} is truncated or corrupt: header says {expected} bytes of data, file has {len(raw) - header}")
+    if len(dims) != ndim or len(body) != expected:
+        has = "fewer" if len(dims) != ndim else len(body) if len(body) < cap else f"more than {cap - 1}"
+        raise DataError(f"{path} is truncated or corrupt: header says {expected} bytes of data, file has {has}")
     try:
-        return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+        return np.frombuffer(body, dtype=np.uint8).reshape(dims)
     except ValueError:  # no data, but dims past what an array can have: (0, 2**32 - 1, 2**32 - 1)
         raise DataError(f"{path} is corrupt: its header's dims {list(dims)} are past what an array can hold") from None
 

@@ -10,6 +10,7 @@ hypernetwork generates for them after the round. The server keeps no client mode
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +22,11 @@ from pflower.records import to_record
 from pflower.strategies.hypernetwork import ModelGenerator, generator_update
 from pflower.strategies.personal import PersonalModels, chunks
 from pflower.strategies.validation import Reply
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (the hypernetwork lives in the ServerApp's process)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class PFedHN(PersonalModels):
@@ -49,6 +55,13 @@ class PFedHN(PersonalModels):
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:
         super().prepare(initial_arrays)
+        need, have = 3 * 4 * self.hidden_dim * self.spec.size, physical_memory()  # head weights, velocity, gradient (float32)
+        if need > have:
+            raise ValueError(
+                f"pFedHN's hypernetwork ends in Linear(pfedhn.hidden-dim={self.hidden_dim} -> the model's {self.spec.size:,} parameters): "
+                f"with its momentum and gradient about {need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB; "
+                "lower pfedhn.hidden-dim or run a smaller model"
+            )
         e = self.embedding_dim or 1 + self.num_clients // 4
         self.generator = ModelGenerator.create(self.num_clients, self.spec.size, e, self.hidden_dim, self.n_hidden, self.seed)
 
