@@ -14,7 +14,7 @@ from pflower.build import build_model
 from pflower.config import ConfigError, check_data, load_settings
 from pflower.datasets import partition as P
 from pflower.datasets.federated import client_data, client_domain, federated_indices, pool_for
-from pflower.datasets.huggingface import encode_text
+from pflower.datasets.huggingface import encode_text, text_codes
 from pflower.datasets.sources import DataError
 from pflower.models import MixedModel, layers, norm_keys
 from pflower.models.lstm import VOCABULARY, CharLSTM
@@ -112,6 +112,21 @@ def test_text_is_leafs_character_indices_and_bad_text_is_named_by_row():
                            (["abc", "a#c"], "row 6 holds '#', outside LEAF's 80-character vocabulary"), (["abc", "aéc"], "row 6 holds 'é', outside")]:  # fmt: skip
         with pytest.raises(DataError, match=f"^column 'x': {message}"):
             encode_text(texts, "x", first=5)
+
+
+def test_a_text_column_is_read_from_arrow_at_once_and_its_faults_named_by_row():
+    """The column's bytes at once when every line is the same number of vocabulary characters;
+    else row by row, naming the row: a character outside the vocabulary (one byte, or one of
+    two), a line of another length, a null."""
+    import datasets
+
+    lines = ["To be,", "\n}ab [", "zZ09:;"]
+    ds = datasets.Dataset.from_dict({"x": lines})
+    assert np.array_equal(text_codes(ds, "x"), encode_text(lines, "x"))
+    assert np.array_equal(text_codes(ds.select([2, 0]), "x"), encode_text([lines[2], lines[0]], "x"))  # the data set's row order
+    for rows, message in [(["abc", "a#c"], "row 1 holds '#'"), (["abc", "aéc"], "row 1 holds 'é'"), (["abc", "ab"], "row 1 holds 2 characters"), (["abc", None], "row 1 has no text")]:  # fmt: skip
+        with pytest.raises(DataError, match=f"^column 'x': {message}"):
+            text_codes(datasets.Dataset.from_dict({"x": rows}), "x")
 
 
 def test_shakespeare_pool_is_its_lines_as_indices_and_its_next_characters_as_classes(tmp_path):

@@ -129,11 +129,11 @@ def natural_id_count(s: Settings) -> int:
     ``natural-id-fraction``): the number of clients that makes each client one writer or role.
     Read from the id column alone (no image is decoded); ValueError with ``data-fraction`` < 1,
     whose subset needs the labels."""
-    from pflower.datasets.huggingface import open_dataset
+    from pflower.datasets.huggingface import ids_of, open_dataset
 
     if s.partition != "natural-id" or s.data_fraction < 1:
         raise ValueError("counting the natural ids needs partition 'natural-id' over the whole pool (data-fraction=1)")
-    ids = np.asarray([str(v) for v in open_dataset(str(s.data_path)).with_format(None)[s.natural_id_column]])
+    ids = ids_of(open_dataset(str(s.data_path)), s.natural_id_column)
     return len(P.kept_natural_ids(ids, s.natural_id_min_samples, s.natural_id_fraction, natural_id_seed(s)))
 
 
