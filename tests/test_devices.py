@@ -31,14 +31,14 @@ def on_model(model: str, tmp_path, monkeypatch) -> dict:
     11 million): the same 41 layers, normalization layers, shortcuts and head, which is what a
     method sees of a model (test_resnet.py trains the full width); LEAF's stacked LSTM on
     Shakespeare-shaped text (two speaking roles of 12 and 10 lines of 80 characters in
-    flwrlabs/shakespeare's columns, a client each), lines of 8 characters instead of 80 and 16
+    flwrlabs/shakespeare's columns, a client each), lines of 4 characters instead of 80 and 16
     units instead of 256: the same four layers, embedding, two LSTMs and head (test_leaf.py
     builds the full size)."""
     if model == "lstm":
         from pflower.models import lstm
 
         monkeypatch.setattr(lstm, "CharLSTM", functools.partial(lstm.CharLSTM, hidden=16))
-        write_shakespeare(tmp_path / "shakespeare", (12, 10), length=8)
+        write_shakespeare(tmp_path / "shakespeare", (12, 10), length=4)
         return {"model": model, "dataset": "huggingface", "data-dir": str(tmp_path / "shakespeare"), "hf-text-column": "x", "hf-label-column": "y",
                 "partition": "natural-id", "natural-id-column": "character_id", "samples-per-client": 0}  # fmt: skip
     if model != "resnet18":
