@@ -185,7 +185,7 @@ class Settings(BaseModel):
         0,
         ge=0,
         le=100_000,
-        description="> 0: each round's local training is exactly this many minibatch steps instead of `local-epochs` epochs, cycling over the client's training data (a new random order each pass, the last batch of a pass possibly smaller), e.g. the double-head paper's 2 steps per round; a step is one minibatch of the training loop (Per-FedAvg: one MAML step of its 2 or 3 batches; pFedMe: one outer step with its `pfedme.k` inner steps). It replaces `local-epochs` only: `finetune-epochs`, `ditto.personal-epochs` and `fedrep.body-epochs` stay epochs (FedRep: `local-steps` head steps, then the body epochs). 0: `local-epochs`",
+        description="> 0: each round's local training is exactly this many minibatch steps instead of `local-epochs` epochs, cycling over the client's training data (a new random order each pass, the last batch of a pass possibly smaller), e.g. the double-head paper's 2 steps per round; a step is one minibatch of the training loop (Per-FedAvg: one MAML step of its 2 or 3 batches; pFedMe: one outer step with its `pfedme.k` inner steps; FedEM: this many steps for each of its `fedem.components` components). It replaces `local-epochs` only: `finetune-epochs`, `ditto.personal-epochs` and `fedrep.body-epochs` stay epochs (FedRep: `local-steps` head steps, then the body epochs). 0: `local-epochs`",
     )
     batch_size: int = Field(32, ge=1, le=65536, description="minibatch size")
     lr: float = Field(0.1, gt=0, description="step size of the clients' local optimizer")

@@ -1,0 +1,76 @@
+"""FedEM client: one EM step on its mixture weights π, then each component trained on its share.
+
+The training message carries the K components (the server's averages); π is the client's own,
+kept in its personal state. A round, as the authors' code orders it (``MixtureClient.step``):
+
+1. E-step: for every training sample i, with the received components in evaluation mode,
+   q_ik = π_k exp(−ℓ_k(x_i, y_i)) / Σ_j π_j exp(−ℓ_j(x_i, y_i)), ℓ_k component k's cross-entropy;
+2. M-step: π_k = mean_i q_ik;
+3. each component k trained for the round's local training (``local-epochs``, or
+   ``local-steps`` steps each) on the loss mean_{i in batch} q_ik ℓ_k(x_i, y_i), its own
+   parameters only, through the one training loop with the round's seed.
+
+The client uploads the K trained components; π never leaves it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pflower.client_app.base import ClientMethod
+from pflower.datasets import Split
+from pflower.models import communicable_keys
+from pflower.models.mixture import COMPONENTS, Mixture
+from pflower.training import batches
+
+
+@torch.no_grad()
+def sample_losses(model: Mixture, data: Split, batch_size: int = 512) -> torch.Tensor:
+    """ℓ_k(x_i, y_i) [K, n]: each component's cross-entropy on each sample, in evaluation mode."""
+    dev = model.pi.device
+    model.eval()
+    out: list[list[torch.Tensor]] = [[] for _ in model.components]
+    for x, y in batches(data, batch_size):
+        x, y = x.to(dev), y.to(dev)
+        for losses, component in zip(out, model.components):
+            losses.append(F.cross_entropy(component(x), y, reduction="none"))
+    return torch.stack([torch.cat(losses) for losses in out])
+
+
+def responsibilities(losses: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """The E-step: q [K, n], q_ik ∝ π_k exp(−losses_ki), each column summing to 1."""
+    return torch.softmax(torch.log(pi)[:, None] - losses, 0)
+
+
+def weighted_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """mean_i w_i CE(logits_i, y_i): the batch's size divides, not the weights' sum (the authors'
+    code), so a component trains less on a client whose samples it explains less."""
+    return (F.cross_entropy(logits, y, reduction="none") * weights).mean()
+
+
+class FedEMClient(ClientMethod):
+    EVALUATES = "the mixture of the K components as the server sends them, weighted by its own π (the π-weighted mean of their softmax outputs)"
+
+    def upload_keys(self, model: nn.Module) -> list[str]:
+        """The K components (parameters and float buffers); π stays."""
+        return [k for k in communicable_keys(model) if k.startswith(COMPONENTS)]
+
+    def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
+        """E-step and M-step on π, then each component's weighted training; returns the sum over
+        the components of their mean weighted losses (with K = 1, FedAvg's loss)."""
+        if len(data) == 0:
+            return 0.0
+        q = responsibilities(sample_losses(model, data), model.pi)
+        model.pi.copy_(q.mean(1))
+        labels = data.y.to(q.device)
+        indexed = Split(data.x, torch.arange(len(data)))  # the loop's minibatches carry the samples' indices
+        total = 0.0
+        for component, weights in zip(model.components, q):
+
+            def loss_fn(m: nn.Module, x: torch.Tensor, i: torch.Tensor, component=component, weights=weights) -> torch.Tensor:
+                return weighted_cross_entropy(component(x), labels[i], weights[i])
+
+            total += self._train_local(model, indexed, seed, params=list(component.parameters()), loss_fn=loss_fn)
+        return total
