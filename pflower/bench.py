@@ -92,13 +92,33 @@ def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, l
     for grid in suite["grid"]:
         if grid.get("examples"):  # every declared method with its declaration's example keys
             grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]
+        clients = grid.get("clients", 10)
         for entry in grid["methods"]:
             entry = {"method": entry} if isinstance(entry, str) else dict(entry)
             label = entry.pop("label", entry["method"])
             for seed in suite.get("seeds", [0]):
                 config = flatten_dict({**common, **grid.get("config", {}), **entry, "seed": seed})
-                runs.append(Run(grid["name"], label, seed, int(grid.get("clients", 10)), config))
+                if clients == NATURAL_IDS:  # the first run's count serves the grid: the draw changes which ids, not how many
+                    clients = natural_id_clients(config)
+                runs.append(Run(grid["name"], label, seed, int(clients), config))
     return suite, runs
+
+
+#: A grid's ``clients`` that makes each client one natural id (writer, speaking role) of its data.
+NATURAL_IDS = "natural-id"
+
+
+def natural_id_clients(config: dict[str, Any]) -> int:
+    """The number of natural ids the run config's sampling keeps (one client each); 0 while its
+    data is not there (the suite stops before any run, naming the data)."""
+    from pflower.datasets.federated import natural_id_count
+
+    if not Path(config.get("data-dir", "")).exists():
+        return 0
+    try:
+        return natural_id_count(load_settings(dict(config)))
+    except ValueError as err:  # a ConfigError or PartitionError, named
+        raise SystemExit(f"clients = '{NATURAL_IDS}': {err}") from None
 
 
 def machine() -> dict[str, Any]:
@@ -139,7 +159,17 @@ def data_fingerprint(config: dict[str, Any]) -> str:
 
 
 #: Run-config keys that choose the pool a run reads (before partitioning).
-DATA_KEYS = ("dataset", "data-dir", "torchvision-name", "emnist-split", "hf-image-column", "hf-label-column", "image-size", "natural-id-column")
+DATA_KEYS = (
+    "dataset",
+    "data-dir",
+    "torchvision-name",
+    "emnist-split",
+    "hf-image-column",
+    "hf-label-column",
+    "hf-text-column",
+    "image-size",
+    "natural-id-column",
+)
 
 
 def data_key(config: dict[str, Any]) -> tuple:

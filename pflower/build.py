@@ -22,27 +22,36 @@ if TYPE_CHECKING:
     from pflower.strategies.loop import PflStrategy
 
 
-def resolve_model_name(settings: Settings, in_channels: int) -> str:
-    """``auto``: a plain CNN for 1-channel images, a CNN with BatchNorm for colour images."""
+def resolve_model_name(settings: Settings, shape: tuple[int, ...]) -> str:
+    """``auto``: a plain CNN for 1-channel images, a CNN with BatchNorm for colour images, the
+    LSTM for text (a shape of one dimension, the line's length)."""
     if settings.model != "auto":
         return settings.model
-    return "cnn" if in_channels == 1 else "cnn-bn"
+    if len(shape) == 1:
+        return "lstm"
+    return "cnn" if shape[0] == 1 else "cnn-bn"
 
 
-def build_model(settings: Settings, shape: tuple[int, int, int], num_classes: int, seed: int) -> nn.Module:
+def build_model(settings: Settings, shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
     """A freshly initialized model; the same ``seed`` gives the same weights.
 
     The method's declaration may wrap it (SuPerFed: :class:`~pflower.models.MixedModel`,
     federated and local copies; the double head: :class:`~pflower.models.DoubleHead`, a second,
     local head).
     """
-    in_channels, height, width = shape
-    name = resolve_model_name(settings, in_channels)
-    if min(height, width) < MODEL_MIN_SIZE.get(name, 0):
+    name = resolve_model_name(settings, shape)
+    if (name == "lstm") != (len(shape) == 1):
+        raise ValueError(f"model='{name}' reads {'text' if name == 'lstm' else 'images'}, not inputs of shape {tuple(shape)}")
+    in_channels, height, width = shape if len(shape) == 3 else (0, 0, 0)
+    if name != "lstm" and min(height, width) < MODEL_MIN_SIZE.get(name, 0):
         raise ValueError(f"model='{name}' needs images of at least {MODEL_MIN_SIZE[name]}x{MODEL_MIN_SIZE[name]}, not {height}x{width}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if name == "mlp":
+        if name == "lstm":
+            from pflower.models import lstm  # the module, so that tests can build a narrower one
+
+            model = lstm.CharLSTM(num_classes)
+        elif name == "mlp":
             model = MLP(in_channels * height * width, num_classes)
         elif name in ("lenet", "lenet-bn"):
             model = LeNet(in_channels, height, num_classes, batch_norm=name == "lenet-bn")

@@ -29,7 +29,7 @@ Partition = Literal["iid", "dirichlet", "pathological", "dominant", "label-group
 TorchvisionName = Literal["MNIST", "FashionMNIST", "KMNIST", "EMNIST", "SVHN", "CIFAR10", "CIFAR100", "USPS"]
 EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 FeatureShift = Literal["none", "rotation", "contrast", "noise", "blur", "colour", "mixed"]
-ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2", "leaf-cnn", "resnet18"]
+ModelName = Literal["auto", "cnn", "cnn-bn", "mlp", "lenet", "lenet-bn", "twocnn", "cnn2", "leaf-cnn", "resnet18", "lstm"]
 ResNetNorm = Literal["batch", "group"]
 #: The smallest image side a model takes (its valid convolutions and pools leave nothing below;
 #: ResNet-18's last stage is 1x1 below 16x16, where BatchNorm cannot train on a minibatch of one).
@@ -82,14 +82,20 @@ class Settings(BaseModel):
     )
     emnist_split: EmnistSplit = Field("balanced", description="`torchvision` with `torchvision-name='EMNIST'`: torchvision's EMNIST split")
     hf_image_column: str = Field("image", description="`huggingface`: the column holding the images (`datasets.Image` or arrays)")
-    hf_label_column: str = Field("label", description="`huggingface`: the column holding the labels (a `ClassLabel` or plain values)")
+    hf_label_column: str = Field(
+        "label", description="`huggingface`: the column holding the labels (a `ClassLabel` or plain values; with `hf-text-column`, single characters)"
+    )
+    hf_text_column: str = Field(
+        "",
+        description="`huggingface`: the column holding text instead of images (strings of one length, e.g. Shakespeare's `x`, 80 characters): each character becomes its index in LEAF's 80-character vocabulary, the label column holds one character of it per row (the next one; 80 classes), and the model is `lstm`. Empty: the data set holds images (`hf-image-column`)",
+    )
     download: bool = Field(False, description="let torchvision download CIFAR into `data-dir`")
     image_size: int = Field(
         0, ge=0, le=1024, description="image folders only: resize every image to this square (0: the files' own size, which must then be one size)"
     )
     model: ModelName = Field(
         "auto",
-        description="`cnn`, `cnn-bn` (CNN with BatchNorm), `mlp` (the FedAvg paper's 2NN, SuPerFed's MNIST model); the papers' CNNs: `lenet`, `lenet-bn` (pFedHN's, which pFedLA uses, with BatchNorm on CIFAR), `twocnn` (the FedAvg paper's, SuPerFed's CIFAR-10 model), `cnn2` (Shen et al.'s, FedeRiCo's), `leaf-cnn` (LEAF's FEMNIST CNN, the double-head paper's); `resnet18` (ResNet-18 in its CIFAR form: 3×3 stem, no max-pool; images of at least 16×16; normalization by `resnet-norm`); `auto` = `cnn` for 1-channel, `cnn-bn` for colour images",
+        description="`cnn`, `cnn-bn` (CNN with BatchNorm), `mlp` (the FedAvg paper's 2NN, SuPerFed's MNIST model); the papers' CNNs: `lenet`, `lenet-bn` (pFedHN's, which pFedLA uses, with BatchNorm on CIFAR), `twocnn` (the FedAvg paper's, SuPerFed's CIFAR-10 model), `cnn2` (Shen et al.'s, FedeRiCo's), `leaf-cnn` (LEAF's FEMNIST CNN, the double-head paper's); `resnet18` (ResNet-18 in its CIFAR form: 3×3 stem, no max-pool; images of at least 16×16; normalization by `resnet-norm`); `lstm` (LEAF's stacked LSTM for next-character prediction, SuPerFed's Shakespeare model: text only, `hf-text-column`); `auto` = `cnn` for 1-channel, `cnn-bn` for colour images, `lstm` for text",
     )
     resnet_norm: ResNetNorm = Field(
         "batch",
@@ -115,6 +121,18 @@ class Settings(BaseModel):
         description="`classes`: each client's classes, one group per client separated by `;`, class ids separated by `,` (e.g. `'0,1,2;3,4;5'` for 3 clients); exactly one group per client. Each class's samples are shuffled and split evenly (within one) among the clients that list it; a class no client lists is unused",
     )
     natural_id_column: str = Field("", description="`natural-id` (`huggingface` only): the column whose values (writer, user, domain) define the clients")
+    natural_id_min_samples: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="`natural-id`: a natural id (writer, speaking role) with fewer samples than this is dropped, its samples unused (LEAF's `-k`); counted in the `data-fraction` subset. 0: none is dropped",
+    )
+    natural_id_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="`natural-id`: keep this share of the natural ids left by `natural-id-min-samples`, round(fraction × ids) of them (at least 1), drawn at random by the data seed; the others' samples are unused (LEAF's sampling of writers and roles; LEAF's `--sf` is a share of samples, reached by drawing users). The kept ids are shared out among the clients, one each when they are as many. 1: every id",
+    )
     feature_shift: FeatureShift = Field(
         "none",
         description="feature shift: each client's data (train and test) transformed once by its own domain, a seeded transformation: `rotation`, `contrast`, `noise`, `blur`, `colour` (one kind, its strength spread over the clients), `mixed` (the five kinds, one per client in turn, each at full strength); `none` changes nothing",
@@ -296,13 +314,13 @@ class Settings(BaseModel):
         if self.dataset == "torchvision":
             return _torchvision_info(self.torchvision_name, self.emnist_split)[1]
         if self.dataset == "huggingface":
-            return len(_hf_info(str(self.data_path), self.hf_image_column, self.hf_label_column).classes)
+            return len(_hf_info(str(self.data_path), self.hf_image_column, self.hf_label_column, self.hf_text_column).classes)
         return DATASET_INFO[self.dataset][1]
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
+    def image_shape(self) -> tuple[int, ...]:
         """(channels, height, width): the data set's, an image tree's first image's (resized to
-        ``image-size`` if set), a Hugging Face set's first image's."""
+        ``image-size`` if set), a Hugging Face set's first image's; (length,) for text."""
         if self.node_data:
             raise ValueError("dataset='node': the image shape is the nodes' (the ServerApp asks them)")
         if self.reads_folder:
@@ -310,7 +328,7 @@ class Settings(BaseModel):
         if self.dataset == "torchvision":
             return _torchvision_info(self.torchvision_name, self.emnist_split)[0]
         if self.dataset == "huggingface":
-            return _hf_info(str(self.data_path), self.hf_image_column, self.hf_label_column).shape
+            return _hf_info(str(self.data_path), self.hf_image_column, self.hf_label_column, self.hf_text_column).shape
         return DATASET_INFO[self.dataset][0]
 
     @property
@@ -320,8 +338,13 @@ class Settings(BaseModel):
 
         return Source(
             self.dataset, str(self.data_path) if self.data_dir else "", self.download, self.image_size, self.torchvision_name, self.emnist_split,
-            self.hf_image_column, self.hf_label_column, self.natural_id_column if self.partition == "natural-id" else "",
+            self.hf_image_column, self.hf_label_column, self.natural_id_column if self.partition == "natural-id" else "", self.hf_text_column,
         )  # fmt: skip
+
+    @property
+    def text(self) -> bool:
+        """The inputs are text (``hf-text-column``): character indices, not images."""
+        return self.dataset == "huggingface" and bool(self.hf_text_column)
 
     @property
     def split_seed(self) -> int:
@@ -394,10 +417,10 @@ def _torchvision_info(name: str, emnist_split: str) -> tuple[tuple[int, int, int
     return info(name, emnist_split)
 
 
-def _hf_info(path: str, image: str, label: str):
+def _hf_info(path: str, image: str, label: str, text: str):
     from pflower.datasets.huggingface import hf_info
 
-    return hf_info(path, image, label)
+    return hf_info(path, image, label, text)
 
 
 def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
@@ -446,8 +469,11 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
         problems.append(("label-groups", s.label_groups, f"must be <= {c} ({s.dataset} classes)"))
     if s.group_assignment != "balanced" and s.partition != "label-groups":
         problems.append(("group-assignment", s.group_assignment, "only for partition 'label-groups'"))
-    side = min(s.image_shape[1:])
-    if side < MODEL_MIN_SIZE.get(s.model, 0):
+    if s.text:
+        problems += _text_problems(s)
+    elif s.model == "lstm":
+        problems.append(("model", s.model, "reads text: dataset 'huggingface' with hf-text-column (the images here need an image model)"))
+    elif (side := min(s.image_shape[1:])) < MODEL_MIN_SIZE.get(s.model, 0):
         problems.append(("model", s.model, f"needs images of at least {MODEL_MIN_SIZE[s.model]}x{MODEL_MIN_SIZE[s.model]} ({s.dataset}'s are {side}x{side})"))
     if s.state_dir and (state := Path(s.state_dir).expanduser()).exists() and not state.is_dir():
         problems.append(("state-dir", s.state_dir, "is a file; name a folder (it is created if missing)"))
@@ -486,6 +512,16 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
     return problems
 
 
+def _text_problems(s: Settings) -> list[tuple[str, Any, str]]:
+    """Keys a text data set cannot honour: an image model, feature shift."""
+    problems: list[tuple[str, Any, str]] = []
+    if s.model not in ("auto", "lstm"):
+        problems.append(("model", s.model, "is an image model; text (hf-text-column) needs 'lstm' (or 'auto')"))
+    if s.feature_shift != "none":
+        problems.append(("feature-shift", s.feature_shift, "must be 'none' for text (hf-text-column): its transformations are of images"))
+    return problems
+
+
 def _huggingface_problems(s: Settings) -> list[tuple[str, Any, str]]:
     """A Hugging Face data set that is not there, or lacks a column the keys name."""
     from pflower.datasets.huggingface import check_id_column, hf_info, layout_problem, open_dataset
@@ -497,15 +533,16 @@ def _huggingface_problems(s: Settings) -> list[tuple[str, Any, str]]:
         ds = open_dataset(str(s.data_path))
     except DataError as err:
         return [("data-dir", s.data_dir, str(err))]
-    keys = {"hf-image-column": s.hf_image_column, "hf-label-column": s.hf_label_column}
+    inputs = ("hf-text-column", s.hf_text_column) if s.text else ("hf-image-column", s.hf_image_column)
+    keys = {inputs[0]: inputs[1], "hf-label-column": s.hf_label_column}
     if s.partition == "natural-id" and s.natural_id_column:
         keys["natural-id-column"] = s.natural_id_column
     if missing := [(k, v, f"the data set has no column {v!r}; its columns: {', '.join(ds.column_names)}") for k, v in keys.items() if v not in ds.column_names]:
         return missing
     try:
         if "natural-id-column" in keys:
-            check_id_column(ds, s.natural_id_column, s.hf_image_column, s.hf_label_column)
-        hf_info(str(s.data_path), s.hf_image_column, s.hf_label_column)
+            check_id_column(ds, s.natural_id_column, inputs[1], s.hf_label_column, "text" if s.text else "image")
+        hf_info(str(s.data_path), s.hf_image_column, s.hf_label_column, s.hf_text_column)
     except DataError as err:  # named for the column it is about
         key = next((k for k, v in keys.items() if str(err).startswith((f"column {v!r}", f"{k}="))), "data-dir")
         return [(key, keys.get(key, s.data_dir), str(err))]
@@ -523,6 +560,7 @@ SCOPED_KEYS = (
     ),
     ("hf-image-column", "hf_image_column", lambda s: s.dataset == "huggingface", "dataset 'huggingface'"),
     ("hf-label-column", "hf_label_column", lambda s: s.dataset == "huggingface", "dataset 'huggingface'"),
+    ("hf-text-column", "hf_text_column", lambda s: s.dataset == "huggingface", "dataset 'huggingface'"),
     ("shards-per-client", "shards_per_client", lambda s: s.partition == "shards", "partition 'shards'"),
     ("dirichlet-alpha", "dirichlet_alpha", lambda s: s.partition == "dirichlet", "partition 'dirichlet'"),
     ("classes-per-client", "classes_per_client", lambda s: s.partition == "pathological", "partition 'pathological'"),
@@ -539,6 +577,8 @@ SCOPED_KEYS = (
     ("data-fraction", "data_fraction", lambda s: not s.node_data, "a pool the run shares out (not dataset 'node', whose nodes bring their own data)"),
     ("local-epochs", "local_epochs", lambda s: s.local_steps == 0, "local-steps=0 (local-steps > 0 sets each round's training in steps instead)"),
     ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
+    ("natural-id-min-samples", "natural_id_min_samples", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
+    ("natural-id-fraction", "natural_id_fraction", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
     ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),
     ("mlflow-experiment", "mlflow_experiment", lambda s: s.mlflow, "mlflow=true"),
 )
@@ -548,6 +588,8 @@ def _scope_problems(s: Settings) -> list[tuple[str, Any, str]]:
     """A key set (away from its default) where it does nothing, and a partition's missing key."""
     problems = [(key, getattr(s, name), f"only for {needs}") for key, name, applies, needs in SCOPED_KEYS
                 if getattr(s, name) != Settings.model_fields[name].default and not applies(s)]  # fmt: skip
+    if s.text and s.hf_image_column != Settings.model_fields["hf_image_column"].default:
+        problems.append(("hf-image-column", s.hf_image_column, "only for images; with hf-text-column the data set's input is its text column"))
     if s.partition == "natural-id":
         if s.dataset != "huggingface":
             problems.append(("partition", s.partition, "'natural-id' needs a data set with an id column: dataset 'huggingface' with natural-id-column"))

@@ -208,10 +208,11 @@ DATASETS: dict[str, DataSet] = {
         DataSet(
             "shakespeare",
             "Shakespeare (flwrlabs/shakespeare on the Hugging Face Hub): about 4.2 million lines of 80 characters and the next one, "
-            "by speaking role; text, which pflower's image models do not read",
+            "by speaking role (LEAF's next-character task)",
             "about 0.5 GiB download, about 0.5 GiB on disk",
             ("shakespeare",),
-            "datasets.load_from_disk('{root}/shakespeare') (no pflower run reads text)",
+            "dataset='huggingface' data-dir='{root}/shakespeare' hf-text-column='x' hf-label-column='y' model='lstm' "
+            "(natural-id-column='character_id' for partition='natural-id')",
         ),
     )
 }

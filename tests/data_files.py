@@ -115,3 +115,54 @@ def hf_dataset(n: int = 30, size: int = 8, writers: int = 3, seed: int = 0):
     )
     rows = {"image": [Image.fromarray(a) for a in x], "label": [i % 10 for i in range(n)], "writer": [f"w{i % writers}" for i in range(n)]}
     return datasets.Dataset.from_dict(rows, features=features), x[:, None], np.arange(n) % 10
+
+
+def write_femnist(path: Path, counts: tuple[int, ...] = (12, 10, 8, 6, 3), size: int = 28, classes: int = 62, seed: int = 0) -> np.ndarray:
+    """flwrlabs/femnist's columns as ``pflower-data femnist`` saves them (``save_to_disk`` of a
+    DatasetDict with one split, ``train``): grey ``image`` (PIL), ``writer_id`` (string),
+    ``hsf_id`` (int64) and ``character`` (ClassLabel of ``classes``); writer ``f000k_14`` has
+    ``counts[k]`` images, labels ``i % classes`` in row order. Returns each row's writer."""
+    import datasets
+    from PIL import Image
+
+    writers = np.repeat([f"f{k:04d}_14" for k in range(len(counts))], counts)
+    x = _images(len(writers), (size, size), seed)
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "writer_id": datasets.Value("string"),
+            "hsf_id": datasets.Value("int64"),
+            "character": datasets.ClassLabel(names=[str(i) for i in range(classes)]),
+        }
+    )
+    rows = {"image": [Image.fromarray(a) for a in x], "writer_id": writers.tolist(), "hsf_id": [i % 8 for i in range(len(x))],
+            "character": [i % classes for i in range(len(x))]}  # fmt: skip
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(str(path))
+    return writers
+
+
+#: Lines for the Shakespeare fixture (every character in LEAF's vocabulary).
+PLAY = (
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
+    "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles\n"
+    "And by opposing end them. To die-to sleep,\nNo more; and by a sleep to say we end\n"
+)
+
+
+def write_shakespeare(path: Path, counts: tuple[int, ...] = (12, 10, 8, 6, 3), length: int = 80) -> tuple[list[str], list[str], list[str]]:
+    """flwrlabs/shakespeare's columns as ``pflower-data shakespeare`` saves them (``save_to_disk``
+    of a DatasetDict with one split, ``train``, every column a string): ``character_id`` (role
+    ``k`` has ``counts[k]`` lines), ``x`` (``length`` characters of :data:`PLAY`) and ``y`` (the
+    next character). Returns (roles, x, y) in row order."""
+    import datasets
+
+    roles, xs, ys = [], [], []
+    for k, count in enumerate(counts):
+        for j in range(count):
+            start = (11 * k + 5 * j) % (len(PLAY) - length - 1)
+            roles.append(f"THE_PLAY_ROLE{k}")
+            xs.append(PLAY[start : start + length])
+            ys.append(PLAY[start + length])
+    rows = {"character_id": roles, "x": xs, "y": ys}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(path))
+    return roles, xs, ys

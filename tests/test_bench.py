@@ -6,6 +6,8 @@ import tomllib
 from itertools import takewhile
 
 import pytest
+from conftest import in_process_rounds
+from data_files import write_femnist, write_shakespeare
 
 from pflower.bench import RECORDS, ROOT, data_fingerprint, execute, finished, load_suite, main, make_record, ordering_sentence, report, suite_page
 from pflower.config import load_settings
@@ -38,16 +40,57 @@ def test_suite_file_expands_to_runs(tmp_path):
         load_suite(tmp_path / "suites.toml", "huge")
 
 
+#: The suites that read LEAF's data sets: their configs are validated on fixtures, whose ids they count.
+LEAF_SUITES = ("femnist", "femnist-small", "shakespeare", "shakespeare-small")
+
+
 @pytest.mark.parametrize("name", list(tomllib.loads(PROJECT_SUITES.read_text())))
 def test_every_run_of_the_projects_suites_is_a_valid_config(name, tmp_path):
-    """Against a data root with each folder the suites name (validation needs the folders, not their files)."""
+    """Against a data root with each folder the suites name (validation needs the folders, not their
+    files; a Hugging Face data set is opened, so FEMNIST and Shakespeare are tiny fixtures in
+    flwr-datasets' columns, writers and roles of 30, 24 and 20 samples)."""
     for folder in ("mnist", "cifar10-jpg", "torchvision"):
         (tmp_path / folder).mkdir()
+    if name in LEAF_SUITES:
+        write_femnist(tmp_path / "femnist", (30, 24, 20), size=8)
+        write_shakespeare(tmp_path / "shakespeare", (30, 24, 20))
     suite, runs = load_suite(PROJECT_SUITES, name, tmp_path)
     assert runs and len({(r.grid, r.label, r.seed) for r in runs}) == len(runs)
     assert {r.grid for r in runs} == {g["name"] for g in suite["grid"]}
     for run in runs:
         load_settings(dict(run.config))
+
+
+@pytest.mark.parametrize("name", LEAF_SUITES)
+def test_the_leaf_suites_run_on_fixtures_one_client_per_writer_or_role(name, tmp_path, monkeypatch):
+    """Each LEAF suite's first run, one round in process on the fixture (its keys as the suite
+    gives them: LEAF's sampling, the model, the optimizer): a client per id the sampling keeps.
+    The models are narrower (their layers the same): LEAF's CNN on 8x8 images (0.6 million
+    parameters, not 6.6), the LSTM with 16 units."""
+    from functools import partial
+
+    from pflower.models import lstm
+
+    (tmp_path / "data").mkdir()
+    if name.startswith("femnist"):
+        write_femnist(tmp_path / "data" / "femnist", (30, 24, 20), size=8)
+    else:
+        monkeypatch.setattr(lstm, "CharLSTM", partial(lstm.CharLSTM, hidden=16))
+        write_shakespeare(tmp_path / "data" / "shakespeare", (30, 24, 20))
+    _, runs = load_suite(PROJECT_SUITES, name, tmp_path / "data")
+    fraction = runs[0].config.get("natural-id-fraction", 1.0)
+    assert {r.clients for r in runs} == {max(1, round(fraction * 3))}  # 3 ids of 20 or more samples
+    rows = in_process_rounds({**runs[0].config, "num-server-rounds": 1}, tmp_path / "run", runs[0].clients)
+    assert rows[0]["sampled"] >= 1 and 0 <= rows[0]["accuracy"] <= 1
+
+
+@pytest.mark.parametrize("name", LEAF_SUITES)
+def test_a_leaf_suite_without_its_data_names_pflower_data(name, tmp_path):
+    with pytest.raises(
+        SystemExit,
+        match=f"suite '{name}' reads {tmp_path / name.split('-')[0]}, which is not there: `pflower-data {name.split('-')[0]} --root {tmp_path}` fetches it",
+    ):
+        main([name, "--data-root", str(tmp_path), "--results", str(tmp_path / "r"), "--records", str(tmp_path / "rec")])
 
 
 def test_ordering_sentence():

@@ -63,7 +63,7 @@ def test_every_key_with_no_effect_in_the_chosen_setting_is_refused_with_the_reas
     from pflower.config import SCOPED_KEYS
 
     away = {"torchvision-name": "SVHN", "emnist-split": "digits", "hf-image-column": "img", "hf-label-column": "y", "shards-per-client": 3,
-            "client-sizes": "10,20", "natural-id-column": "user", "mlflow-tracking-uri": "sqlite:///m.db", "mlflow-experiment": "x",
+            "client-sizes": "10,20", "natural-id-column": "user", "natural-id-min-samples": 3, "natural-id-fraction": 0.5, "hf-text-column": "x", "mlflow-tracking-uri": "sqlite:///m.db", "mlflow-experiment": "x",
             "dirichlet-alpha": 0.1, "dominant-classes": 3, "dominant-fraction": 0.6, "label-groups": 3, "label-noise-ratio": 0.2,
             "trim-fraction": 0.3, "download": True, "client-classes": "0;1", "resnet-norm": "group"}  # fmt: skip
     where = {"classes-per-client": ({"partition": "iid"}, 3), "momentum": ({"optimizer": "adam"}, 0.5),

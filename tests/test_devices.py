@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 from conftest import in_process_rounds, run_config
-from data_files import write_cifar10
+from data_files import write_cifar10, write_shakespeare
 from fake_device import FAKE, FakeDevice, MixedDevices
 
 from pflower.build import build_strategy
@@ -21,7 +21,7 @@ from pflower.config import load_settings
 from pflower.methods import declarations
 
 #: Models every method also runs on here, besides its example's.
-MODELS = ("leaf-cnn", "resnet18")
+MODELS = ("leaf-cnn", "resnet18", "lstm")
 
 
 def on_model(model: str, tmp_path, monkeypatch) -> dict:
@@ -29,7 +29,18 @@ def on_model(model: str, tmp_path, monkeypatch) -> dict:
     (BatchNorm) on CIFAR-10-shaped data (32x32 colour images in CIFAR-10's files, written here),
     built at 1/16 of its width (4 channels in its first stage, 45 thousand parameters instead of
     11 million): the same 41 layers, normalization layers, shortcuts and head, which is what a
-    method sees of a model (test_resnet.py trains the full width)."""
+    method sees of a model (test_resnet.py trains the full width); LEAF's stacked LSTM on
+    Shakespeare-shaped text (two speaking roles of 12 and 10 lines of 80 characters in
+    flwrlabs/shakespeare's columns, a client each), lines of 4 characters instead of 80 and 16
+    units instead of 256: the same four layers, embedding, two LSTMs and head (test_leaf.py
+    builds the full size)."""
+    if model == "lstm":
+        from pflower.models import lstm
+
+        monkeypatch.setattr(lstm, "CharLSTM", functools.partial(lstm.CharLSTM, hidden=16))
+        write_shakespeare(tmp_path / "shakespeare", (12, 10), length=4)
+        return {"model": model, "dataset": "huggingface", "data-dir": str(tmp_path / "shakespeare"), "hf-text-column": "x", "hf-label-column": "y",
+                "partition": "natural-id", "natural-id-column": "character_id", "samples-per-client": 0}  # fmt: skip
     if model != "resnet18":
         return {"model": model}
     from pflower.models import resnet
@@ -46,7 +57,8 @@ def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, cl
     (2 rounds, 3 clients of 60 samples), and with each of :data:`MODELS` at the smallest scale
     that runs all of a method on it (1 round: training and the evaluation after it, 2 clients of
     20 samples; later rounds run the same code on any model), where every client must also have
-    trained and evaluated (for ResNet-18: every method trains it in process on CIFAR-10-shaped data)."""
+    trained and evaluated (for ResNet-18: every method trains it in process on CIFAR-10-shaped
+    data; for the LSTM, on Shakespeare-shaped text)."""
     cfg = {**run_config(method=method, num_server_rounds=2, local_epochs=1, samples_per_client=60), **declarations()[method].example}
     clients = 3
     if model != "example":
@@ -69,7 +81,20 @@ def test_every_method_on_a_fake_device_matches_the_cpu(monkeypatch, tmp_path, cl
             failure = err
     assert not fake.errors, "\n".join(dict.fromkeys(fake.errors))
     assert failure is None, failure
-    assert on_fake == on_cpu
+    assert on_fake == on_cpu if model != "lstm" else close(on_fake, on_cpu)
+
+
+def close(a, b, rel: float = 1e-6) -> bool:
+    """``a`` is ``b`` but for floats within ``rel``: the LSTM's numbers on the fake device agree with
+    the CPU's to float32 rounding only, since PyTorch's CPU LSTM runs its own kernels (oneDNN's,
+    fused cells) where the fake device, like CUDA, runs PyTorch's LSTM op by op."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k], rel) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
+    return a == b
 
 
 def test_the_fake_device_refuses_what_cuda_refuses_and_keeps_the_values():

@@ -79,7 +79,8 @@ def check_data(settings: Settings, num_clients: int | None = None) -> None:
     """Open the data as every client will and check what they would find: images of the shape
     and classes the server builds its model for, finite values, every label in range, no class
     without samples and, given the number of clients, a partition that leaves each client
-    samples. DataError or PartitionError naming the data and the problem. Nothing is cached: the
+    samples (text: its classes are the vocabulary's characters, some of which may never be the
+    next one). DataError or PartitionError naming the data and the problem. Nothing is cached: the
     ServerApp checks a pool it never trains on."""
     pool = load_pool(settings.source)
     where = settings.data_dir or settings.dataset
@@ -93,7 +94,7 @@ def check_data(settings: Settings, num_clients: int | None = None) -> None:
         raise S.DataError(f"{where}: labels run from {low} to {high}, outside its {pool.num_classes} classes (0-{pool.num_classes - 1})")
     if not bool(torch.isfinite(pool.x).all()):
         raise S.DataError(f"{where}: some image values are not finite numbers")
-    if empty := np.flatnonzero(np.bincount(pool.y.numpy(), minlength=pool.num_classes) == 0).tolist():
+    if not settings.text and (empty := np.flatnonzero(np.bincount(pool.y.numpy(), minlength=pool.num_classes) == 0).tolist()):  # text: the vocabulary's classes
         raise S.DataError(f"{where}: {len(empty)} of its {pool.num_classes} classes have no images (class {', '.join(map(str, empty[:10]))})")
     if num_clients is not None:
         split_indices(pool, num_clients, settings)
@@ -118,12 +119,30 @@ def partition_indices(pool: Pool, num_clients: int, s: Settings) -> tuple[list[n
     return (parts if keep is None else [keep[p] for p in parts]), groups
 
 
+def natural_id_seed(s: Settings) -> int:
+    """The seed of the natural ids ``natural-id-fraction`` draws (from the data seed)."""
+    return int(np.random.SeedSequence([s.split_seed, 17]).generate_state(1)[0])
+
+
+def natural_id_count(s: Settings) -> int:
+    """How many natural ids the run's sampling keeps (``natural-id-min-samples``,
+    ``natural-id-fraction``): the number of clients that makes each client one writer or role.
+    Read from the id column alone (no image is decoded); ValueError with ``data-fraction`` < 1,
+    whose subset needs the labels."""
+    from pflower.datasets.huggingface import ids_of, open_dataset
+
+    if s.partition != "natural-id" or s.data_fraction < 1:
+        raise ValueError("counting the natural ids needs partition 'natural-id' over the whole pool (data-fraction=1)")
+    ids = ids_of(open_dataset(str(s.data_path)), s.natural_id_column)
+    return len(P.kept_natural_ids(ids, s.natural_id_min_samples, s.natural_id_fraction, natural_id_seed(s)))
+
+
 def _partition(labels: np.ndarray, ids: np.ndarray | None, num_clients: int, s: Settings) -> tuple[list[np.ndarray], np.ndarray | None]:
     seed = s.split_seed
     if s.partition == "natural-id":
         if ids is None:
             raise P.PartitionError("partition 'natural-id' needs a data set with an id column (natural-id-column)")
-        return P.natural_id(ids, num_clients), None
+        return P.natural_id(ids, num_clients, s.natural_id_min_samples, s.natural_id_fraction, natural_id_seed(s)), None
     if s.partition == "shards":
         return P.shards(labels, num_clients, s.shards_per_client, seed), None
     if s.partition in ("linear", "exponential", "sizes"):
@@ -210,7 +229,9 @@ def client_domain(settings: Settings, client_id: int, num_clients: int) -> str:
     if settings.feature_shift != "none":
         return domain_of(settings.feature_shift, settings.split_seed, client_id, num_clients).name(pool_for(settings).shape[0])
     if settings.partition == "natural-id" and (ids := pool_for(settings).ids) is not None:
-        held = P.natural_ids_of(ids, num_clients, client_id)
+        keep = pool_subset(pool_for(settings), settings)
+        ids = ids if keep is None else ids[keep]
+        held = P.natural_ids_of(ids, num_clients, client_id, settings.natural_id_min_samples, settings.natural_id_fraction, natural_id_seed(settings))
         return ", ".join(held[:3]) + (f" (+{len(held) - 3})" if len(held) > 3 else "")
     return ""
 

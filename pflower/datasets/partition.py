@@ -157,21 +157,57 @@ def quantity_skew(labels: np.ndarray, num_clients: int, kind: str, seed: int, si
     return parts
 
 
-def natural_id(ids: np.ndarray, num_clients: int) -> list[np.ndarray]:
-    """Clients by a natural id (writer, user, domain): the distinct ids sorted, client i holding
-    the samples of ``array_split(ids, num_clients)[i]``; with as many ids as clients, client i
-    holds the i-th id's samples, flwr-datasets' NaturalIdPartitioner's partition i (tested)."""
+def kept_natural_ids(ids: np.ndarray, min_samples: int = 0, fraction: float = 1.0, seed: int = 0) -> np.ndarray:
+    """The natural ids LEAF's sampling keeps, sorted: those with at least ``min_samples`` samples
+    (``natural-id-min-samples``), then round(``fraction`` × them), at least one, drawn at random
+    (``natural-id-fraction``, seeded by ``seed``). PartitionError naming the key if none is left."""
+    values, counts = np.unique(ids, return_counts=True)
+    eligible = values[counts >= min_samples]
+    if len(eligible) == 0:
+        raise PartitionError(
+            f"natural-id-min-samples={min_samples}: no id has that many samples; the most an id has is {int(counts.max(initial=0))}",
+            key="natural-id-min-samples",
+        )
+    if fraction >= 1:
+        return eligible
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.permutation(eligible)[: max(1, int(round(fraction * len(eligible))))])
+
+
+def _natural_groups(ids: np.ndarray, num_clients: int, min_samples: int, fraction: float, seed: int) -> list[np.ndarray]:
+    """The kept ids (:func:`kept_natural_ids`) of each client: ``array_split`` of them in sorted order."""
+    kept = kept_natural_ids(ids, min_samples, fraction, seed)
+    if len(kept) < num_clients:
+        total = len(np.unique(ids))
+        if fraction < 1:
+            key, why = "natural-id-fraction", f"natural-id-fraction={fraction} keeps {len(kept)} of the {total if min_samples == 0 else 'eligible'} ids"
+        elif min_samples:
+            key, why = "natural-id-min-samples", f"natural-id-min-samples={min_samples} keeps {len(kept)} of {total} ids"
+        else:
+            key, why = "partition", f"natural-id partition: {len(kept)} distinct ids"
+        raise PartitionError(f"{why} for {num_clients} clients; every client needs one at least", key=key)
+    return np.array_split(kept, num_clients)
+
+
+def natural_id(ids: np.ndarray, num_clients: int, min_samples: int = 0, fraction: float = 1.0, seed: int = 0) -> list[np.ndarray]:
+    """Clients by a natural id (writer, user, domain): the ids LEAF's sampling keeps
+    (:func:`kept_natural_ids`), sorted, client i holding the samples of ``array_split(kept,
+    num_clients)[i]``; the other ids' samples are unused. With every id kept and as many ids as
+    clients, client i holds the i-th id's samples, flwr-datasets' NaturalIdPartitioner's
+    partition i (tested)."""
+    groups = _natural_groups(ids, num_clients, min_samples, fraction, seed)
     values, inverse = np.unique(ids, return_inverse=True)
-    if len(values) < num_clients:
-        raise PartitionError(f"natural-id partition: {len(values)} distinct ids for {num_clients} clients; every client needs one at least")
-    groups = np.array_split(np.arange(len(values)), num_clients)
-    return [np.flatnonzero(np.isin(inverse, g)) for g in groups]
+    owner = np.full(len(values) + 1, num_clients)  # the last: ids no client holds
+    for client, held in enumerate(groups):
+        owner[np.searchsorted(values, held)] = client
+    client_of = owner[inverse.ravel()]
+    order = np.argsort(client_of, kind="stable")  # pool order within a client
+    return np.split(order, np.cumsum(np.bincount(client_of, minlength=num_clients + 1))[:num_clients])[:num_clients]
 
 
-def natural_ids_of(ids: np.ndarray, num_clients: int, client_id: int) -> list[str]:
+def natural_ids_of(ids: np.ndarray, num_clients: int, client_id: int, min_samples: int = 0, fraction: float = 1.0, seed: int = 0) -> list[str]:
     """The natural ids client ``client_id`` holds under :func:`natural_id`."""
-    values = np.unique(ids)
-    return [str(v) for v in np.array_split(values, num_clients)[client_id]]
+    return [str(v) for v in _natural_groups(ids, num_clients, min_samples, fraction, seed)[client_id]]
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:

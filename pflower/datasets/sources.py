@@ -40,11 +40,13 @@ class Source:
     image_column: str = "image"
     label_column: str = "label"
     id_column: str = ""
+    text_column: str = ""
 
 
 @dataclass(frozen=True)
 class Pool:
-    """All samples of a data set: normalized images [n, C, H, W], labels [n] and, for a data
+    """All samples of a data set: normalized images [n, C, H, W] (or, for text, each line's
+    characters as their indices in the vocabulary, uint8 [n, length]), labels [n] and, for a data
     set with an id column (``natural-id-column``), each sample's natural id (writer, user, domain)."""
 
     x: torch.Tensor
@@ -53,8 +55,8 @@ class Pool:
     ids: np.ndarray | None = None
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        return tuple(self.x.shape[1:])  # type: ignore[return-value]
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
 
 
 def _normalize(x: np.ndarray | torch.Tensor) -> torch.Tensor:
