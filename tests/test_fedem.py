@@ -1,8 +1,9 @@
 """FedEM: the E-step's responsibilities, the M-step's π and one weighted step of each component
 by hand on two fixed linear components and three samples; the π-mixture's prediction by hand;
 the server's per-component, sample-weighted average; K = 1 as FedAvg, number for number; the
-bytes each way (K models); the keys' bounds; and in process: π stays personal and FedEM learns
-on the default data."""
+bytes each way (K models); the keys' bounds; the replies the server refuses (π, a missing or
+non-finite component); an E-step whose losses are not all finite; and in process: π stays
+personal and FedEM learns on the default data."""
 
 import json
 import math
@@ -242,3 +243,25 @@ def test_a_component_that_cannot_score_a_sample_leaves_pi_a_distribution():
     healthy.pi.copy_(model.pi)
     _client().fit(healthy, Split(X, Y), {}, seed=0, server_round=2)
     assert torch.isfinite(healthy.pi).all() and all(torch.isfinite(p).all() for p in healthy.parameters())
+
+
+def test_the_server_refuses_a_reply_with_pi_a_missing_component_or_a_non_finite_one():
+    """The upload spec is the K components exactly: a reply carrying π, one missing a component's
+    key, or one with a NaN in a single component is rejected whole (the other components too)."""
+    from pflower.strategies.validation import Rejected, check_arrays
+
+    strategy = build_strategy(load_settings(run_config(method="fedem", fedem__components=2)))
+    strategy.prepare(strategy.initial_arrays)
+    good = dict(strategy.global_state)
+    key = next(k for k in good if k.startswith("components.1."))
+    bad = {
+        "keys": [{**good, PI: torch.tensor([0.5, 0.5])}, {k: v for k, v in good.items() if k != key}],
+        "non-finite": [{**good, key: torch.full_like(good[key], float("nan"))}],
+        "shape": [{**good, key: good[key].flatten()}],
+    }
+    assert check_arrays(to_record(good), strategy.upload_spec).keys() == good.keys()
+    for reason, states in bad.items():
+        for state in states:
+            with pytest.raises(Rejected) as err:
+                check_arrays(to_record(state), strategy.upload_spec)
+            assert err.value.reason == reason
