@@ -1,8 +1,9 @@
 """FedEM: the E-step's responsibilities, the M-step's π and one weighted step of each component
 by hand on two fixed linear components and three samples; the π-mixture's prediction by hand;
 the server's per-component, sample-weighted average; K = 1 as FedAvg, number for number; the
-bytes each way (K models); the keys' bounds; and in process: π stays personal and FedEM learns
-on the default data."""
+bytes each way (K models); the keys' bounds; the replies the server refuses (π, a missing or
+non-finite component); an E-step whose losses are not all finite; and in process: π stays
+personal and FedEM learns on the default data."""
 
 import json
 import math
@@ -218,3 +219,49 @@ def test_pi_stays_personal_and_fedem_learns_on_the_default_data(tmp_path, no_fig
     assert all(float(p.sum()) == pytest.approx(1.0, abs=1e-6) and not torch.equal(p, torch.full((2,), 0.5)) for p in pis)
     assert not torch.equal(pis[0], pis[1])
     assert doc["evaluation"]["evaluates"].startswith("the mixture of the K components")
+
+
+def test_a_component_that_cannot_score_a_sample_leaves_pi_a_distribution():
+    """A component whose output overflows on a sample (its loss NaN or +inf) explains that sample
+    with probability 0; a sample no component of positive weight can score keeps π as its q. π
+    stays a distribution, so the client's next round, with healthy components, is the ordinary
+    one (a NaN π would be saved in its personal state and make every later round NaN)."""
+    inf, nan = float("inf"), float("nan")
+    q = responsibilities(torch.tensor([[0.5, nan, inf, 1.0], [inf, 2.0, nan, 1.0]]), torch.tensor([0.25, 0.75]))
+    assert torch.equal(q[:, 0], torch.tensor([1.0, 0.0])) and torch.equal(q[:, 1], torch.tensor([0.0, 1.0]))
+    assert torch.allclose(q[:, 2], torch.tensor([0.25, 0.75]))  # no evidence: the prior
+    assert torch.allclose(q[:, 3], torch.tensor([0.25, 0.75]))
+    only = responsibilities(torch.tensor([[inf], [1.0]]), torch.tensor([1.0, 0.0]))  # the one finite component has weight 0
+    assert torch.equal(only, torch.tensor([[1.0], [0.0]]))
+
+    model = _toy()
+    with torch.no_grad():
+        model.components[1].weight[0, 0] = inf  # sample 1 (2, 0): logits (inf, 0), a NaN loss; sample 2 (0, 2): inf * 0, NaN
+    _client().fit(model, Split(X, Y), {}, seed=0, server_round=1)
+    assert torch.isfinite(model.pi).all() and float(model.pi.sum()) == pytest.approx(1.0)
+    healthy = _toy()
+    healthy.pi.copy_(model.pi)
+    _client().fit(healthy, Split(X, Y), {}, seed=0, server_round=2)
+    assert torch.isfinite(healthy.pi).all() and all(torch.isfinite(p).all() for p in healthy.parameters())
+
+
+def test_the_server_refuses_a_reply_with_pi_a_missing_component_or_a_non_finite_one():
+    """The upload spec is the K components exactly: a reply carrying π, one missing a component's
+    key, or one with a NaN in a single component is rejected whole (the other components too)."""
+    from pflower.strategies.validation import Rejected, check_arrays
+
+    strategy = build_strategy(load_settings(run_config(method="fedem", fedem__components=2)))
+    strategy.prepare(strategy.initial_arrays)
+    good = dict(strategy.global_state)
+    key = next(k for k in good if k.startswith("components.1."))
+    bad = {
+        "keys": [{**good, PI: torch.tensor([0.5, 0.5])}, {k: v for k, v in good.items() if k != key}],
+        "non-finite": [{**good, key: torch.full_like(good[key], float("nan"))}],
+        "shape": [{**good, key: good[key].flatten()}],
+    }
+    assert check_arrays(to_record(good), strategy.upload_spec).keys() == good.keys()
+    for reason, states in bad.items():
+        for state in states:
+            with pytest.raises(Rejected) as err:
+                check_arrays(to_record(state), strategy.upload_spec)
+            assert err.value.reason == reason

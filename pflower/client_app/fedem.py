@@ -40,8 +40,17 @@ def sample_losses(model: Mixture, data: Split, batch_size: int = 512) -> torch.T
 
 
 def responsibilities(losses: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
-    """The E-step: q [K, n], q_ik ∝ π_k exp(−losses_ki), each column summing to 1."""
-    return torch.softmax(torch.log(pi)[:, None] - losses, 0)
+    """The E-step: q [K, n], q_ik ∝ π_k exp(−losses_ki), each column summing to 1.
+
+    A loss that is not finite (a component whose output overflowed) counts as +inf: that
+    component explains the sample with probability 0. A sample that no component of positive
+    weight scores keeps π as its q (no evidence), so π stays a distribution: a NaN π would be
+    saved in the client's personal state and poison every later round."""
+    prior = torch.log(pi)[:, None]
+    log_q = prior - losses
+    log_q = torch.where(log_q.isnan(), -torch.inf, log_q)
+    scored = (log_q > -torch.inf).any(0)
+    return torch.softmax(torch.where(scored, log_q, prior), 0)
 
 
 def weighted_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
