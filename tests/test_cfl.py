@@ -71,6 +71,23 @@ def test_no_split_when_the_mean_update_is_large_or_every_update_small_or_gamma_m
     assert parts is None and math.sqrt((1 - record["cross-similarity"]) / 2) < 0.99  # the split was found, γ_max refused it
 
 
+def test_identical_or_parallel_updates_never_split_whatever_the_rounding():
+    """Clients whose updates are the same direction (identical, or scaled) have α = 1 across any
+    split: γ_max = 0 must not split them because their computed cosine is 1 − 2e-16 (it did, for
+    about a third of random 1,000-coordinate directions and for every 100,000-coordinate one).
+    Updates 1e-6 apart in angle still split."""
+    g = torch.Generator().manual_seed(0)
+    for size, tries in ((1_000, 20), (100_000, 2)):
+        for _ in range(tries):
+            v = torch.randn(1, size, generator=g, dtype=D)
+            for scale in ([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 0.3, 7.0]):
+                u = v * torch.tensor(scale, dtype=D)[:, None]
+                record, parts = split_check(u, torch.ones(4, dtype=D), eps1=1e9, eps2=0.0, gamma_max=0.0, may_split=True)
+                assert parts is None, (size, scale, record)
+    u = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 2e-6], [1.0, 2e-6]], dtype=D)  # α across: 1 − 2e-12
+    assert split_check(u, torch.ones(4, dtype=D), eps1=1e9, eps2=0.0, gamma_max=0.0, may_split=True)[1] == ([0, 1], [2, 3])
+
+
 def _strategy(**kw) -> tuple[ClusteredFL, dict]:
     torch.manual_seed(3)
     x0 = {"w": torch.randn(2, 2), "b": torch.randn(2), "bn.running_mean": torch.randn(2)}
