@@ -4,6 +4,7 @@ participation by hand on mock replies, with state and resumption exact; in proce
 way are FedAvg's, a run splits its clients along their label groups, and it learns on digits."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -172,6 +173,19 @@ def test_a_cluster_splits_only_when_all_its_clients_replied_and_it_is_large_enou
     strategy, x0 = _strategy(min_split_size=5)
     strategy.aggregate(2, [_reply(c, x0, (1, -1, 1, -1)[c], 10) for c in range(4)])
     assert strategy.clusters == [[0, 1, 2, 3]]
+
+
+def test_a_federation_smaller_than_min_split_size_is_named_in_the_log(caplog):
+    """1 or 2 clients under the default ``min-split-size`` 3 never split: the server says so at
+    the start instead of running FedAvg silently; 3 clients say nothing."""
+    for clients, warned in ((1, True), (2, True), (3, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            strategy = ClusteredFL()
+            strategy.federation.num_clients = clients
+            strategy.prepare(to_record({"w": torch.zeros(2)}))
+        assert strategy.clusters == [list(range(clients))]
+        assert (f"min-split-size=3 exceeds the federation's {clients} clients" in caplog.text) is warned
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 
 import torch
 from flwr.app import ArrayRecord
@@ -127,6 +127,9 @@ class ClusteredFL(TrainRounds):
         self.model_spec = FlatSpec.of(state)
         self.update_spec = FlatSpec.of(state, [k for k in state if k.rpartition(".")[2] not in RUNNING_STATS])
         self._set([list(range(self.federation.num_clients))], [state])
+        if self.min_split_size > self.federation.num_clients:
+            log(WARNING, "Clustered FL: min-split-size=%d exceeds the federation's %d clients: no cluster can split (it is FedAvg)",
+                self.min_split_size, self.federation.num_clients)  # fmt: skip
 
     def _set(self, clusters: list[list[int]], models: list[dict[str, torch.Tensor]]) -> None:
         self.clusters, self.models = clusters, models
