@@ -59,6 +59,18 @@ def test_the_bipartition_is_the_optimum_of_every_split():
             assert float(s[first][:, second].max()) == pytest.approx(best, abs=1e-12)
 
 
+def test_the_bipartition_cuts_a_chain_where_complete_linkage_does_not():
+    """Similarities −|x_i − x_j| of points 0, 2, 3.9, 5.7, 7.4 on a line (gaps 2, 1.9, 1.8, 1.7):
+    the optimum cuts the widest gap, {0} | rest, largest similarity across −2. Complete linkage
+    (the reference code's) merges {3, 4} (1.7), {1, 2} (1.9), then {0} with {1, 2} (3.9 < 5.4),
+    ending at {0, 1, 2} | {3, 4}, whose largest similarity across is −1.8: worse for the objective."""
+    x = torch.tensor([0.0, 2.0, 3.9, 5.7, 7.4], dtype=D)
+    s = -(x[:, None] - x[None, :]).abs()
+    assert optimal_bipartition(s) == ([0], [1, 2, 3, 4])
+    assert float(s[[0]][:, [1, 2, 3, 4]].max()) == pytest.approx(-2.0)
+    assert float(s[[0, 1, 2]][:, [3, 4]].max()) == pytest.approx(-1.8)
+
+
 def test_no_split_when_the_mean_update_is_large_or_every_update_small_or_gamma_max_refuses():
     u = torch.tensor([[1.0, 0.0], [0.8, 0.2], [-1.0, 0.1], [-0.9, 0.0]], dtype=D)
     w = torch.tensor([1.0, 1.0, 4.0, 1.0], dtype=D)  # weighted mean (−3.1, 0.6) / 7: norm ≈ 0.451
