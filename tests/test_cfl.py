@@ -187,17 +187,21 @@ def test_a_cluster_splits_only_when_all_its_clients_replied_and_it_is_large_enou
     assert strategy.clusters == [[0, 1, 2, 3]]
 
 
-def test_a_federation_smaller_than_min_split_size_is_named_in_the_log(caplog):
-    """1 or 2 clients under the default ``min-split-size`` 3 never split: the server says so at
-    the start instead of running FedAvg silently; 3 clients say nothing."""
-    for clients, warned in ((1, True), (2, True), (3, False)):
+def test_runs_that_can_never_split_are_named_in_the_log(caplog):
+    """1 or 2 clients under the default ``min-split-size`` 3 never split, nor does a run that
+    samples fewer than all clients a round (the first cluster holds every client and splits only
+    when all of them replied): the server says so at the start instead of running FedAvg
+    silently. 3 clients, or 4 with fraction-train 0.9 (all 4 sampled), say nothing."""
+    cases = ((1, 1.0, "min-split-size=3 exceeds the federation's 1 clients"), (2, 1.0, "min-split-size=3 exceeds the federation's 2 clients"),
+             (3, 1.0, None), (10, 0.5, "fraction-train=0.5 samples 5 of the 10 clients a round"), (4, 0.9, None))  # fmt: skip
+    for clients, fraction, warning in cases:
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="flwr"):
-            strategy = ClusteredFL()
+            strategy = ClusteredFL(fraction_train=fraction)
             strategy.federation.num_clients = clients
             strategy.prepare(to_record({"w": torch.zeros(2)}))
         assert strategy.clusters == [list(range(clients))]
-        assert (f"min-split-size=3 exceeds the federation's {clients} clients" in caplog.text) is warned
+        assert (warning in caplog.text) if warning else "Clustered FL" not in caplog.text, (clients, fraction, caplog.text)
 
 
 @pytest.mark.parametrize(

@@ -127,9 +127,12 @@ class ClusteredFL(TrainRounds):
         self.model_spec = FlatSpec.of(state)
         self.update_spec = FlatSpec.of(state, [k for k in state if k.rpartition(".")[2] not in RUNNING_STATS])
         self._set([list(range(self.federation.num_clients))], [state])
-        if self.min_split_size > self.federation.num_clients:
-            log(WARNING, "Clustered FL: min-split-size=%d exceeds the federation's %d clients: no cluster can split (it is FedAvg)",
-                self.min_split_size, self.federation.num_clients)  # fmt: skip
+        n = self.federation.num_clients
+        if self.min_split_size > n:
+            log(WARNING, "Clustered FL: min-split-size=%d exceeds the federation's %d clients: no cluster can split (it is FedAvg)", self.min_split_size, n)
+        elif (sampled := max(1, round(self.fraction_train * n))) < n:
+            log(WARNING, "Clustered FL: fraction-train=%g samples %d of the %d clients a round, and the first cluster (every client) splits "
+                "only in a round where all its clients replied: no cluster can split (it is FedAvg)", self.fraction_train, sampled, n)  # fmt: skip
 
     def _set(self, clusters: list[list[int]], models: list[dict[str, torch.Tensor]]) -> None:
         self.clusters, self.models = clusters, models
