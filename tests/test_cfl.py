@@ -4,6 +4,7 @@ participation by hand on mock replies, with state and resumption exact; in proce
 way are FedAvg's, a run splits its clients along their label groups, and it learns on digits."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -58,6 +59,18 @@ def test_the_bipartition_is_the_optimum_of_every_split():
             assert float(s[first][:, second].max()) == pytest.approx(best, abs=1e-12)
 
 
+def test_the_bipartition_cuts_a_chain_where_complete_linkage_does_not():
+    """Similarities −|x_i − x_j| of points 0, 2, 3.9, 5.7, 7.4 on a line (gaps 2, 1.9, 1.8, 1.7):
+    the optimum cuts the widest gap, {0} | rest, largest similarity across −2. Complete linkage
+    (the reference code's) merges {3, 4} (1.7), {1, 2} (1.9), then {0} with {1, 2} (3.9 < 5.4),
+    ending at {0, 1, 2} | {3, 4}, whose largest similarity across is −1.8: worse for the objective."""
+    x = torch.tensor([0.0, 2.0, 3.9, 5.7, 7.4], dtype=D)
+    s = -(x[:, None] - x[None, :]).abs()
+    assert optimal_bipartition(s) == ([0], [1, 2, 3, 4])
+    assert float(s[[0]][:, [1, 2, 3, 4]].max()) == pytest.approx(-2.0)
+    assert float(s[[0, 1, 2]][:, [3, 4]].max()) == pytest.approx(-1.8)
+
+
 def test_no_split_when_the_mean_update_is_large_or_every_update_small_or_gamma_max_refuses():
     u = torch.tensor([[1.0, 0.0], [0.8, 0.2], [-1.0, 0.1], [-0.9, 0.0]], dtype=D)
     w = torch.tensor([1.0, 1.0, 4.0, 1.0], dtype=D)  # weighted mean (−3.1, 0.6) / 7: norm ≈ 0.451
@@ -69,6 +82,23 @@ def test_no_split_when_the_mean_update_is_large_or_every_update_small_or_gamma_m
     assert split_check(u, w, eps1=0.5, eps2=0.5, gamma_max=0.0, may_split=False)[1] is None
     record, parts = split_check(u, w, eps1=0.5, eps2=0.5, gamma_max=0.99, may_split=True)
     assert parts is None and math.sqrt((1 - record["cross-similarity"]) / 2) < 0.99  # the split was found, γ_max refused it
+
+
+def test_identical_or_parallel_updates_never_split_whatever_the_rounding():
+    """Clients whose updates are the same direction (identical, or scaled) have α = 1 across any
+    split: γ_max = 0 must not split them because their computed cosine is 1 − 2e-16 (it did, for
+    about a third of random 1,000-coordinate directions and for every 100,000-coordinate one).
+    Updates 1e-6 apart in angle still split."""
+    g = torch.Generator().manual_seed(0)
+    for size, tries in ((1_000, 20), (100_000, 2)):
+        for _ in range(tries):
+            v = torch.randn(1, size, generator=g, dtype=D)
+            for scale in ([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 0.3, 7.0]):
+                u = v * torch.tensor(scale, dtype=D)[:, None]
+                record, parts = split_check(u, torch.ones(4, dtype=D), eps1=1e9, eps2=0.0, gamma_max=0.0, may_split=True)
+                assert parts is None, (size, scale, record)
+    u = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 2e-6], [1.0, 2e-6]], dtype=D)  # α across: 1 − 2e-12
+    assert split_check(u, torch.ones(4, dtype=D), eps1=1e9, eps2=0.0, gamma_max=0.0, may_split=True)[1] == ([0, 1], [2, 3])
 
 
 def _strategy(**kw) -> tuple[ClusteredFL, dict]:
@@ -155,6 +185,23 @@ def test_a_cluster_splits_only_when_all_its_clients_replied_and_it_is_large_enou
     strategy, x0 = _strategy(min_split_size=5)
     strategy.aggregate(2, [_reply(c, x0, (1, -1, 1, -1)[c], 10) for c in range(4)])
     assert strategy.clusters == [[0, 1, 2, 3]]
+
+
+def test_runs_that_can_never_split_are_named_in_the_log(caplog):
+    """1 or 2 clients under the default ``min-split-size`` 3 never split, nor does a run that
+    samples fewer than all clients a round (the first cluster holds every client and splits only
+    when all of them replied): the server says so at the start instead of running FedAvg
+    silently. 3 clients, or 4 with fraction-train 0.9 (all 4 sampled), say nothing."""
+    cases = ((1, 1.0, "min-split-size=3 exceeds the federation's 1 clients"), (2, 1.0, "min-split-size=3 exceeds the federation's 2 clients"),
+             (3, 1.0, None), (10, 0.5, "fraction-train=0.5 samples 5 of the 10 clients a round"), (4, 0.9, None))  # fmt: skip
+    for clients, fraction, warning in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            strategy = ClusteredFL(fraction_train=fraction)
+            strategy.federation.num_clients = clients
+            strategy.prepare(to_record({"w": torch.zeros(2)}))
+        assert strategy.clusters == [list(range(clients))]
+        assert (warning in caplog.text) if warning else "Clustered FL" not in caplog.text, (clients, fraction, caplog.text)
 
 
 @pytest.mark.parametrize(

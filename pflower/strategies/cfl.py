@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 
 import torch
 from flwr.app import ArrayRecord
@@ -71,8 +71,8 @@ def split_check(
 ) -> tuple[dict, tuple[list[int], list[int]] | None]:
     """One cluster's round: its norms (``mean-norm``, ``max-norm``) and, where ``may_split`` and
     mean < ε₁ and max > ε₂, the optimal bipartition of its clients (``cross-similarity`` α_cross)
-    if √((1 − α_cross)/2) > γ_max; returns the record and the two parts (indices into
-    ``updates``' rows), or None where it does not split."""
+    if √((1 − α_cross)/2) > γ_max and the updates across it are not parallel; returns the record
+    and the two parts (indices into ``updates``' rows), or None where it does not split."""
     mean_norm = float(weighted_average(updates, weights).norm())
     max_norm = float(updates.norm(dim=1).max())
     record: dict = {"mean-norm": mean_norm, "max-norm": max_norm}
@@ -82,7 +82,10 @@ def split_check(
     first, second = optimal_bipartition(sim)
     cross = float(sim[first][:, second].max())
     record["cross-similarity"] = cross
-    if math.sqrt(max(1.0 - cross, 0.0) / 2) > gamma_max:
+    # parallel updates (identical clients) stay together: a cosine of P coordinates is exact only
+    # to about P epsilons of its dtype, so 1 - α below that is rounding, not an angle
+    parallel = 1.0 - cross <= updates.shape[1] * torch.finfo(updates.dtype).eps
+    if not parallel and math.sqrt((1.0 - cross) / 2) > gamma_max:
         return record, (first, second)
     return record, None
 
@@ -124,6 +127,12 @@ class ClusteredFL(TrainRounds):
         self.model_spec = FlatSpec.of(state)
         self.update_spec = FlatSpec.of(state, [k for k in state if k.rpartition(".")[2] not in RUNNING_STATS])
         self._set([list(range(self.federation.num_clients))], [state])
+        n = self.federation.num_clients
+        if self.min_split_size > n:
+            log(WARNING, "Clustered FL: min-split-size=%d exceeds the federation's %d clients: no cluster can split (it is FedAvg)", self.min_split_size, n)
+        elif (sampled := max(1, round(self.fraction_train * n))) < n:
+            log(WARNING, "Clustered FL: fraction-train=%g samples %d of the %d clients a round, and the first cluster (every client) splits "
+                "only in a round where all its clients replied: no cluster can split (it is FedAvg)", self.fraction_train, sampled, n)  # fmt: skip
 
     def _set(self, clusters: list[list[int]], models: list[dict[str, torch.Tensor]]) -> None:
         self.clusters, self.models = clusters, models
