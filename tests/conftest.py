@@ -28,8 +28,10 @@ os.environ["PFLOWER_DEVICE"] = "cpu"
 
 
 #: xdist groups, longest first: collected first, each starts on a worker of its own at once
-#: instead of after a worker's share of the unit tests.
-LONG_GROUPS = ("crash", "simulation", "simulation-faults", "deployment", "simulation-resume")
+#: instead of after a worker's share of the unit tests (pyproject's addopts turn off xdist's
+#: reordering of groups by their number of tests, which queued them behind the resume sweep's).
+#: Four, one per worker: a fifth would share the worker of the first to run short of tests.
+LONG_GROUPS = ("deployment", "simulation-faults", "simulation", "crash")
 
 
 def pytest_collection_modifyitems(items):

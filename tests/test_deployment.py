@@ -51,8 +51,7 @@ def wait_ready(dep: Deployment, timeout: float = 180) -> None:
     """Every SuperNode online as the SuperLink sees it, and every warm node's fork server done
     importing: a message sent now finds its node and runs warm (a shim that waits more than
     PFLOWER_WARM_TIMEOUT for a server still importing goes cold, which assert_warm fails)."""
-    for i in range(dep.nodes):
-        dep.wait_status(i, {"online"}, timeout)
+    dep.wait_statuses(range(dep.nodes), {"online"}, timeout)
     for name in sorted(dep.warm_names):
         wait_until(lambda name=name: "fork server ready" in dep.log(name), timeout, f"{name}'s fork server ready")
 
@@ -138,7 +137,8 @@ def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deploym
     accuracy, and each node keeps its personal state in its own state-dir. (Last of the group:
     the fourth node stays registered.)"""
     assert deployment.net is not None and deployment.link_address.startswith("10.77.")
-    assert [deployment.node_status(i) for i in range(3)] == ["online"] * 3
+    statuses = deployment.node_statuses()
+    assert [statuses[i] for i in range(3)] == ["online"] * 3
     assert deployment.view_of_link(deployment.node_data_root) == [] and deployment.view_of_link(MNIST_DIR) == []
     (odd,) = write_node_folders(MNIST_DIR, tmp_path / "odd", [["1", "2"]], per_class=20, image_size=14)
     deployment.add_node(3, f'partition-id=3 num-partitions=4 data-dir="{odd}"')

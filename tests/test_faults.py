@@ -54,7 +54,6 @@ def _kill_serverapp_after_checkpoint(superlink, results, round_: int, timeout: f
             subprocess.run([flwr, "stop", str(run["run-id"]), CONNECTION], env=env, capture_output=True, text=True, check=True)
 
 
-@pytest.mark.xdist_group("simulation-resume")  # its own worker: beside the other fault tests it would be the suite's longest chain
 @pytest.mark.parametrize("single_message", [True, False], ids=["one-message", "two-phase"])
 def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_factory, single_message):
     """FedPer (its head stays on the clients, the evaluation sends only the body) on Flower: the

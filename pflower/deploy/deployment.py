@@ -229,21 +229,35 @@ class Deployment:
                 raise SystemExit(f"could not register {public_key}: {out}")
             time.sleep(1)
 
-    def node_status(self, i: int) -> str:
-        """What the SuperLink says of authenticated SuperNode ``i``: 'online', 'offline', 'registered', ..."""
+    def node_statuses(self) -> dict[int, str]:
+        """What the SuperLink says of every authenticated SuperNode, from one ``flwr supernode ls``
+        (one CLI start, seconds on a busy machine): index -> 'online', 'offline', 'registered', ..."""
         reply, out = self._flwr_json("supernode", "ls")
         if reply is None:
             raise RuntimeError(f"flwr supernode ls failed: {out[-500:]}")
-        return next((n["status"] for n in reply["nodes"] if n["node-id"] == self.node_ids[i]), "unknown")
+        by_id = {n["node-id"]: n["status"] for n in reply["nodes"]}
+        return {i: by_id.get(node_id, "unknown") for i, node_id in self.node_ids.items()}
+
+    def node_status(self, i: int) -> str:
+        """What the SuperLink says of authenticated SuperNode ``i``: 'online', 'offline', 'registered', ..."""
+        return self.node_statuses()[i]
+
+    def wait_statuses(self, nodes: Collection[int], wanted: set[str], timeout: float) -> dict[int, str]:
+        """Poll :meth:`node_statuses` until each SuperNode in ``nodes`` is one of ``wanted``; their
+        statuses, or TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = {i: status for i, status in self.node_statuses().items() if i in nodes}
+            if all(statuses.get(i) in wanted for i in nodes):
+                return statuses
+            if time.monotonic() > deadline:
+                late = {i: statuses.get(i, "unknown") for i in nodes if statuses.get(i) not in wanted}
+                raise TimeoutError(f"SuperNodes {late} after {timeout:.0f} s, not {sorted(wanted)}")
+            time.sleep(1)
 
     def wait_status(self, i: int, wanted: set[str], timeout: float) -> str:
-        """Poll :meth:`node_status` until it is one of ``wanted``; the status, or TimeoutError."""
-        deadline = time.monotonic() + timeout
-        while (status := self.node_status(i)) not in wanted:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"SuperNode {i} is '{status}' after {timeout:.0f} s, not {sorted(wanted)}")
-            time.sleep(1)
-        return status
+        """Poll until SuperNode ``i`` is one of ``wanted``; the status, or TimeoutError."""
+        return self.wait_statuses([i], wanted, timeout)[i]
 
     def node_config(self, i: int) -> str:
         state = self.dir / "state" / f"node{i}"
