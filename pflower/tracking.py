@@ -109,8 +109,12 @@ class MlflowTracker:
         found = self.client.get_experiment_by_name(experiment)
         exp_id = found.experiment_id if found else self.client.create_experiment(experiment, artifact_location=artifacts.as_uri())
         runs = self.client.search_runs([exp_id], filter_string=f"tags.`pflower.lineage` = '{lineage}'", max_results=1)
+        #: The last round this lineage's run has: a run killed between tracking a row and its
+        #: checkpoint repeats that round when resumed, and MLflow would keep the round twice.
+        self.logged = 0
         if runs:  # a resumed run goes on in its lineage's run (no longer failed)
             self.run_id = runs[0].info.run_id
+            self.logged = max((m.step for m in self.client.get_metric_history(self.run_id, "bytes-down")), default=0)
             self.client.update_run(self.run_id, status="RUNNING")
             if "pflower.failure" in runs[0].data.tags:
                 self.client.delete_tag(self.run_id, "pflower.failure")
@@ -125,6 +129,8 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         step, now = int(row["round"]), int(time.time() * 1000)
+        if step <= self.logged:
+            return
         values = scalars(row) | {f"per-client-accuracy/{c}": float(a) for c, a in (row.get("per-client-accuracy") or {}).items()}
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
 

@@ -86,24 +86,24 @@ def test_a_missing_extra_is_named_with_its_key(tmp_path, monkeypatch):
 
 
 def test_a_serverapp_that_dies_leaves_its_mlflow_run_failed_and_its_events_flushed(tmp_path, monkeypatch):
-    """A crash in round 3: MLflow's run is FAILED with the error as a tag (not RUNNING for
-    ever), TensorBoard has round 1 (completed when round 2's messages brought its evaluation;
-    round 2's came back with round 3's, which died) and the failure; the resumed run goes on in
-    the same MLflow run and finishes it."""
+    """The ServerApp dies saving round 2's checkpoint, after round 2's messages completed round
+    1's row (tracked): MLflow's run is FAILED with the error as a tag (not RUNNING for ever),
+    TensorBoard has round 1 and the failure; the resumed run repeats round 2, which completes
+    round 1 again, and goes on in the same MLflow run, which keeps one value per round."""
     from mlflow.tracking import MlflowClient
 
-    from pflower.strategies.loop import TrainRounds
+    from pflower.strategies import loop
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = run_config(method="fedavg", num_server_rounds=3, local_epochs=1, tensorboard=True, mlflow=True, mlflow_tracking_uri=uri)
-    real = TrainRounds.aggregate_train
+    real = loop.save_checkpoint
 
-    def dies_in_round_3(self, server_round, replies):
-        if server_round == 3:
+    def dies_saving_round_2(directory, checkpoint):
+        if checkpoint.round == 2:
             raise RuntimeError("the ServerApp died")
-        return real(self, server_round, replies)
+        real(directory, checkpoint)
 
-    monkeypatch.setattr(TrainRounds, "aggregate_train", dies_in_round_3)
+    monkeypatch.setattr(loop, "save_checkpoint", dies_saving_round_2)
     with pytest.raises(RuntimeError, match="died"):
         _serve(cfg, tmp_path / "a")
     client = MlflowClient(tracking_uri=uri)
@@ -111,8 +111,11 @@ def test_a_serverapp_that_dies_leaves_its_mlflow_run_failed_and_its_events_flush
     assert run.info.status == "FAILED" and run.data.tags["pflower.failure"] == "RuntimeError: the ServerApp died"
     events = _events(tmp_path / "a" / "tensorboard")
     assert [e.step for e in events.Scalars("accuracy")] == [1] and "failure/text_summary" in events.Tags()["tensors"]
-    monkeypatch.setattr(TrainRounds, "aggregate_train", real)
+    monkeypatch.setattr(loop, "save_checkpoint", real)
     _serve({**cfg, "resume-from": str(tmp_path / "a")}, tmp_path / "b")
     (run,) = client.search_runs([client.get_experiment_by_name("pflower").experiment_id])
-    assert run.info.status == "FINISHED" and [m.step for m in client.get_metric_history(run.info.run_id, "accuracy")] == [1, 2, 3]
-    assert "pflower.failure" not in run.data.tags
+    assert run.info.status == "FINISHED" and "pflower.failure" not in run.data.tags
+    rows = json.loads((tmp_path / "b" / "metrics.json").read_text())["rounds"]
+    for key in ("accuracy", "bytes-down", "wall-seconds"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3], key
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "accuracy")] == [pytest.approx(r["accuracy"]) for r in rows]
