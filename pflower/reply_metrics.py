@@ -1,7 +1,8 @@
 """What a reply's metrics may hold: each key's type and range, declared once.
 
 The keys every pflower ClientApp sends are declared here (:data:`TRAIN`, :data:`EVALUATE`,
-:data:`IDENTITY`, and :data:`RAY_NODE` in the training and evaluation replies of a simulation); a method's own keys beside its declaration (``Method.train_metrics``,
+:data:`IDENTITY`; :data:`RAY_NODE` in a simulation's training and evaluation replies); a
+method's own keys beside its declaration (``Method.train_metrics``,
 ``Method.evaluation_metrics``). The reply validator
 (:func:`pflower.strategies.validation.check_metrics`) checks every key of every reply against
 them at the boundary: nothing behind it checks again. A key nobody declared (a ClientApp of

@@ -10,9 +10,9 @@ client and reason, counted per reason under the round it belongs to (metrics.jso
 ``rejected``; a riding evaluation's under the round it evaluates: :meth:`ReplyGate.round_of`)
 and kept in that round's problems (a round that fails names them). A valid reply that says
 which Ray node ran it (``ray-node``, in a simulation) is noted under that node for the round's
-row (:attr:`ReplyGate.placement`). FedeRiCo's relayed steps
-pass as error replies and records (:meth:`ReplyGate.arrays`; the relay checks the rest of what
-it forwards); their metrics are never read.
+row (:attr:`ReplyGate.placement`). FedeRiCo's relayed steps pass as error replies and records
+(:meth:`ReplyGate.arrays`; the relay checks the rest of what it forwards); their metrics are
+never read.
 """
 
 from __future__ import annotations
