@@ -90,13 +90,16 @@ def test_simulation_on_a_two_node_ray_cluster(tmp_path):
         wait_for_port(head, "ray head", net.address("head"), port, lambda: (tmp_path / "ray-head.log").read_text()[-2000:], timeout=120)
         ray_start("worker", f"--address={head_address}")
         nodes = _ray_probe(net, head_address, 2)
-        assert sorted(nodes.values()) == sorted(net.address(n) for n in ("head", "worker"))
+        assert sorted(nodes.values()) == sorted(net.address(n) for n in ("head", "worker")), (tmp_path / "ray-worker.log").read_text()[-2000:]
 
         results, flwr_home = tmp_path / "cluster", tmp_path / "flwr-home"
         cmd = [*net.prefix("head"), sys.executable, "-m", "pflower.launcher", "--app", str(ROOT), "--flwr-home", str(flwr_home),
                "--num-clients", "4", "--cpus-per-client", "1", "-c", f"{run_config_string(KEYS)} results-dir='{results}'"]  # fmt: skip
-        sim = subprocess.run(cmd, env={**env, "RAY_ADDRESS": head_address}, capture_output=True, text=True, timeout=420, check=False)
-        assert sim.returncode == 0, sim.stdout[-4000:] + sim.stderr[-2000:]
+        sim = subprocess.Popen(cmd, env={**env, "RAY_ADDRESS": head_address}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)  # fmt: skip
+        procs.append(sim)  # stopped with its SuperLink by the clean-up below should it not end in time
+        output = sim.communicate(timeout=420)[0]
+        assert sim.returncode == 0, output[-4000:]
         assert not (flwr_home / "ray-head.log").exists()  # RAY_ADDRESS: pflower-sim started no head of its own
     finally:
         for proc in reversed(procs):
