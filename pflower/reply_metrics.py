@@ -1,7 +1,8 @@
 """What a reply's metrics may hold: each key's type and range, declared once.
 
 The keys every pflower ClientApp sends are declared here (:data:`TRAIN`, :data:`EVALUATE`,
-:data:`IDENTITY`); a method's own keys beside its declaration (``Method.train_metrics``,
+:data:`IDENTITY`; :data:`RAY_NODE` in a simulation's training and evaluation replies); a
+method's own keys beside its declaration (``Method.train_metrics``,
 ``Method.evaluation_metrics``). The reply validator
 (:func:`pflower.strategies.validation.check_metrics`) checks every key of every reply against
 them at the boundary: nothing behind it checks again. A key nobody declared (a ClientApp of
@@ -64,11 +65,22 @@ Spec = Number | Numbers | Count
 UNIT = Number(0.0, 1.0)
 LOSS = Number(0.0, MAX_MAGNITUDE)
 CLIENT_ID = Number(0, MAX_COUNT, integer=True, client=True)
+#: The Ray node that ran the message, in a simulation: the 28 bytes of its node id (Ray's 56 hex
+#: digits; a MetricRecord holds numbers only). Outside Ray (a deployment, in process) a reply
+#: has no such key.
+RAY_NODE = "ray-node"
+RAY_NODE_BYTES = 28
 
-TRAIN: dict[str, Spec] = {"num-examples": Count("train"), "client-id": CLIENT_ID, "train-loss": LOSS}
+TRAIN: dict[str, Spec] = {
+    "num-examples": Count("train"),
+    "client-id": CLIENT_ID,
+    "train-loss": LOSS,
+    RAY_NODE: Numbers(Number(0, 255, integer=True), length=RAY_NODE_BYTES),
+}
 EVALUATE: dict[str, Spec] = {
     "num-examples": Count("test"),
     "client-id": CLIENT_ID,
+    RAY_NODE: TRAIN[RAY_NODE],
     "accuracy": UNIT,
     "loss": LOSS,
     "top5-accuracy": UNIT,

@@ -13,6 +13,16 @@ from flwr.common.logger import log
 
 from pflower.plots import draw_run
 
+#: A row's entry in a Ray simulation: which Ray node ran the messages of which clients that round
+#: (node id -> client ids); rows of runs outside Ray (deployment, in process) have none.
+RAY_NODES = "ray-nodes"
+
+
+def outcome(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics.json row without where and how fast it ran (timings, Ray nodes): what two runs
+    of one config and seed share, wherever they ran."""
+    return {k: v for k, v in row.items() if "seconds" not in k and k != RAY_NODES}
+
 
 def _finite(value: Any, where: str, bad: list[str]) -> Any:
     """``value`` with every NaN or infinity replaced by None (their places listed in ``bad``)."""

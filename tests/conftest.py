@@ -253,17 +253,19 @@ def client_module():
 
 
 def in_process_rounds(cfg: dict, results: Path, num_clients: int = 3) -> list[dict]:
-    """Run ``cfg`` in process (results in ``results``); its per-round metrics without timings."""
+    """Run ``cfg`` in process (results in ``results``); its per-round metrics without timings
+    (:func:`pflower.results.outcome`: what a run on Flower of the same config shares)."""
     import json
 
     from pflower.build import build_strategy
     from pflower.client_app import app
     from pflower.config import load_settings
+    from pflower.results import outcome
 
     cfg = {**cfg, "results-dir": str(results)}
     build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, num_clients))
     doc = json.loads((results / "metrics.json").read_text())
-    return [{k: v for k, v in r.items() if "seconds" not in k} for r in doc["rounds"]]
+    return [outcome(r) for r in doc["rounds"]]
 
 
 def assert_quickstart_run(doc: dict, net, strategy: str) -> None:

@@ -11,6 +11,7 @@ model object serves every client of the process.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -26,7 +27,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from torch import nn
 
-from pflower import single_message
+from pflower import reply_metrics, single_message
 from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import StateError, StateStore
@@ -176,7 +177,7 @@ class Runtime:
             self.method.start_round(rnd)
             self.method.finetune(model, self.train, self.seed(rnd, stream=1), epochs)
         metrics = self.evaluate(self.method.predictor(model, context.state), trained, config)
-        return MetricRecord({**metrics, **self.method.report(context.state), "client-id": self.client_id})
+        return MetricRecord({**metrics, **self.method.report(context.state), "client-id": self.client_id, **ray_node()})
 
     def save(self, context: Context, msg: Message) -> None:
         context.state[PERSONAL] = to_record(self.model.state_dict())
@@ -187,6 +188,16 @@ class Runtime:
         """Seed of this client's minibatch order in this round (``stream`` 1: evaluation's fine-tuning)."""
         entropy = [self.settings.seed, self.client_id, server_round] + ([stream] if stream else [])
         return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def ray_node() -> dict[str, list[int]]:
+    """The Ray node this process runs on, as the reply key ``ray-node``
+    (:data:`pflower.reply_metrics.RAY_NODE`) when it is a Ray worker (a simulation's ClientApp);
+    empty elsewhere (a SuperNode, in process): the server records which node ran each client."""
+    ray = sys.modules.get("ray")  # never imported here: a deployed ClientApp runs without Ray
+    if ray is None or not ray.is_initialized():
+        return {}
+    return {reply_metrics.RAY_NODE: list(bytes.fromhex(ray.get_runtime_context().get_node_id()))}
 
 
 @lru_cache(maxsize=8)
@@ -302,7 +313,7 @@ def train(msg: Message, context: Context) -> Message:
     loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)), _round(msg))
     rt.save(context, msg)
     state = model.state_dict()
-    metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id, **extra})
+    metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id, **extra, **ray_node()})
     content = RecordDict({"arrays": to_record(state, rt.sharing.keys(_round(msg))), "metrics": metrics})
     return Message(content, reply_to=msg)
 

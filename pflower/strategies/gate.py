@@ -8,9 +8,11 @@ declared at its identity reply or first reported), then the update norm (uploade
 the client started from) at most ``max-update-norm``. A rejected reply is logged with its
 client and reason, counted per reason under the round it belongs to (metrics.json
 ``rejected``; a riding evaluation's under the round it evaluates: :meth:`ReplyGate.round_of`)
-and kept in that round's problems (a round that fails names them). FedeRiCo's relayed steps
-pass as error replies and records (:meth:`ReplyGate.arrays`; the relay checks the rest of what
-it forwards); their metrics are never read.
+and kept in that round's problems (a round that fails names them). A valid reply that says
+which Ray node ran it (``ray-node``, in a simulation) is noted under that node for the round's
+row (:attr:`ReplyGate.placement`). FedeRiCo's relayed steps pass as error replies and records
+(:meth:`ReplyGate.arrays`; the relay checks the rest of what it forwards); their metrics are
+never read.
 """
 
 from __future__ import annotations
@@ -44,10 +46,17 @@ class ReplyGate:
         self.problems: list[str] = []  # this round's rejections, "client 3: reason"
         #: The samples each client declared (identity) or reported first, per message type.
         self.reported: dict[str, dict[int, int]] = {MessageType.TRAIN: {}, MessageType.EVALUATE: {}}
+        #: This round's valid replies by the Ray node that ran them: node id (hex) -> client ids.
+        self.placement: dict[str, set[int]] = {}
 
     def new_round(self) -> None:
         self.rejected = Counter()
         self.problems = []
+        self.placement = {}
+
+    def nodes(self) -> dict[str, list[int]]:
+        """This round's :attr:`placement` for metrics.json (``ray-nodes``): node id -> sorted client ids."""
+        return {node: sorted(clients) for node, clients in sorted(self.placement.items())}
 
     @contextmanager
     def round_of(self, rejected: Mapping[str, int]) -> Iterator[Counter[str]]:
@@ -113,6 +122,8 @@ class ReplyGate:
                 continue
             valid[reply.client_id] = reply
             self.reported[kind].setdefault(reply.client_id, reply.num_examples)
+            if (node := reply.metrics.get(reply_metrics.RAY_NODE)) is not None:
+                self.placement.setdefault(bytes(node).hex(), set()).add(reply.client_id)
             if spec is not None:  # decoded: drop the wire bytes, so a round holds one copy of each update
                 for name in list(msg.content.array_records):
                     del msg.content[name]

@@ -37,7 +37,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from pflower.checkpoint import Checkpoint, save_checkpoint
 from pflower.config import ConfigError, Settings
 from pflower.records import to_record
-from pflower.results import Recorder
+from pflower.results import RAY_NODES, Recorder
 from pflower.single_message import STATE_AFTER
 from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
 from pflower.strategies.gate import ReplyGate
@@ -367,7 +367,10 @@ class PflStrategy(Strategy):
     def _row(self, rnd: int, row: dict, result: Result, seconds: float) -> dict:
         evaluation = self._evaluation(rnd, result)
         metrics = {k: evaluation.pop(k) for k in EVALUATION_METRICS}
-        return {"round": rnd, **metrics, **row, "wall-seconds": seconds, "rejected": dict(self.gate.rejected), **evaluation, **self.round_extras(rnd)}
+        out = {"round": rnd, **metrics, **row, "wall-seconds": seconds, "rejected": dict(self.gate.rejected), **evaluation, **self.round_extras(rnd)}
+        if nodes := self.gate.nodes():  # a simulation: the Ray nodes that ran the round's clients
+            out[RAY_NODES] = nodes
+        return out
 
 
 class TrainRounds(PflStrategy):
