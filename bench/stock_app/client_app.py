@@ -1,6 +1,9 @@
 """A quickstart-style ClientApp (Flower's quickstart-pytorch, with the data read from local IDX
 files instead of the Hub): each node takes its iid share of the MNIST files by ``partition-id``,
-trains the CNN pflower uses for MNIST (same layers, plain SGD) and evaluates on its held-out 30%."""
+trains the CNN pflower uses for MNIST (same layers, plain SGD) and evaluates on its held-out 30%.
+
+``client-work='none'`` makes both handlers no-ops that only reply (the received arrays back, fixed
+metrics): the floor of Flower's engine in ``bench/cheap_clients.py``."""
 
 import gzip
 from pathlib import Path
@@ -46,8 +49,15 @@ def load_data(context: Context):
     return (torch.from_numpy(x[tr]), torch.from_numpy(y[tr])), (torch.from_numpy(x[te]), torch.from_numpy(y[te]))
 
 
+def _idle(context: Context) -> bool:
+    return context.run_config.get("client-work", "full") == "none"
+
+
 @app.train()
 def train(msg: Message, context: Context):
+    if _idle(context):
+        content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"train_loss": 0.0, "num-examples": 1})})
+        return Message(content, reply_to=msg)
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     (x, y), _ = load_data(context)
@@ -68,6 +78,8 @@ def train(msg: Message, context: Context):
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context):
+    if _idle(context):
+        return Message(RecordDict({"metrics": MetricRecord({"eval_loss": 0.0, "eval_acc": 0.0, "num-examples": 1})}), reply_to=msg)
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     _, (x, y) = load_data(context)

@@ -1,0 +1,147 @@
+"""Cheap clients: where Flower's engine costs more than the training.
+
+N clients share the MNIST test set (iid, 70 % of each share trains, 30 % tests; at 100 clients
+each trains on 70 images: 3 steps of batch 32), 1 local epoch, every client evaluating, 8
+rounds; a round's steady state is the median of rounds 2 and later. Side by side in one
+invocation, alternating (A B C D E, then E D C B A, ...):
+
+- ``pflower``: ``pflower-sim`` with FedAvg (one message per client a round; its round is
+  metrics.json's ``wall-seconds``);
+- ``stock``: ``bench/stock_app`` (Flower's quickstart ClientApp and Flower's FedAvg) on N
+  simulated SuperNodes, through the same launcher (its round: the time between its
+  ``evaluate_fn`` calls);
+- ``floor``: the same stock app with ``client-work='none'``: a ClientApp that only replies, so its
+  round is Flower's engine alone (2 N messages);
+- ``plain-1``, ``plain-2``: the same rounds in one process with 1 and 2 torch threads
+  (:func:`sim_speed.plain_loop`).
+
+Each simulation starts its own SuperLink and Ray head with 2 one-core actors (the machine's 2
+cores). ``--figure`` draws round time against the number of clients.
+
+    .venv/bin/python bench/cheap_clients.py                          # 100 clients, each variant once
+    .venv/bin/python bench/cheap_clients.py --clients 10 100 1000 --figure docs/figures/cheap-clients.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from deploy_round import STOCK, _round_seconds, _stock_config  # noqa: E402
+from sim_speed import plain_loop, run_config  # noqa: E402
+
+from pflower.bench import run_config_string  # noqa: E402
+from pflower.config import load_settings  # noqa: E402
+
+VARIANTS = ("pflower", "stock", "floor", "plain-1", "plain-2")
+LABELS = {
+    "pflower": "pflower simulation (FedAvg)",
+    "stock": "stock Flower (quickstart ClientApp + FedAvg)",
+    "floor": "Flower's floor (ClientApp that only replies)",
+    "plain-1": "plain loop, 1 torch thread",
+    "plain-2": "plain loop, 2 torch threads",
+}
+
+
+def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> list[float]:
+    """One ``pflower-sim`` run of ``variant`` (pflower, stock or floor): seconds per round."""
+    if variant == "pflower":
+        app, cfg = ROOT, run_config_string(run_config(data_dir, rounds, 1.0, results))
+    else:
+        app, cfg = STOCK, _stock_config(data_dir, rounds, results) + f" client-work='{'none' if variant == 'floor' else 'full'}'"
+    cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(app)]
+    log = results.with_suffix(".log")
+    with open(log, "w") as out:
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
+    if code != 0:
+        raise SystemExit(f"{variant} at {clients} clients failed ({code}); see {log}")
+    return _round_seconds("pflower" if variant == "pflower" else "stock", results)
+
+
+def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> list[float]:
+    if variant.startswith("plain-"):
+        settings = load_settings(run_config(data_dir, rounds, 1.0, results))
+        return plain_loop(settings, clients, rounds, int(variant.split("-")[1]))
+    return simulated(variant, data_dir, clients, rounds, results)
+
+
+def steady(rounds: list[float]) -> float:
+    return statistics.median(rounds[1:])
+
+
+def draw(table: dict[int, dict[str, float]], path: Path, stamp: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    counts = sorted(table)
+    for v in VARIANTS:
+        if all(v in table[n] for n in counts):
+            ax.plot(counts, [table[n][v] for n in counts], marker="o", label=LABELS[v])
+    ax.set(xscale="log", yscale="log", xlabel="clients (the MNIST test set shared out)", ylabel="steady round (s)",
+           title=f"Cheap clients: round time against clients\n{stamp}")  # fmt: skip
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mnist")
+    p.add_argument("--clients", type=int, nargs="+", default=[100])
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=1, help="runs of each variant, alternating")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--figure", type=Path, help="draw round time against clients into this file (PNG or SVG)")
+    p.add_argument("--json", type=Path, help="write every round's seconds here")
+    args = p.parse_args()
+    data_dir = args.data_dir.resolve()
+    runs: dict[int, dict[str, list[list[float]]]] = {n: {v: [] for v in args.variants} for n in args.clients}
+    load = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.clients:
+            for rep in range(args.repeats):
+                for v in args.variants if rep % 2 == 0 else args.variants[::-1]:
+                    t0 = time.time()
+                    runs[n][v].append(measure(v, data_dir, n, args.rounds, Path(tmp) / f"{v}-{n}-{rep}"))
+                    load.append(os.getloadavg()[0])
+                    print(f"  {n} clients, {v}: {steady(runs[n][v][-1]):.3f} s/round ({time.time() - t0:.0f} s run)", flush=True)
+    table = {n: {v: statistics.median(steady(r) for r in rs) for v, rs in by.items()} for n, by in runs.items()}
+    print(f"\n{args.rounds} rounds, steady round = median of rounds 2-{args.rounds}, median of {args.repeats} run(s); "
+          f"load average (1 min) {min(load):.1f}-{max(load):.1f} over the runs, {os.cpu_count()} cores")  # fmt: skip
+    print(f"{'clients':>8}" + "".join(f"{v:>10}" for v in args.variants))
+    for n, row in table.items():
+        print(f"{n:>8}" + "".join(f"{row[v]:>10.3f}" for v in args.variants))
+    for n, row in table.items():
+        if "floor" in row:
+            print(f"{n} clients: Flower's floor {1000 * row['floor'] / (2 * n):.1f} ms a message (2 x {n} messages a round)")
+        if {"pflower", "plain-1", "plain-2", "stock"} <= row.keys():
+            plain = min(row["plain-1"], row["plain-2"])
+            print(f"{n} clients: pflower / plain {row['pflower'] / plain:.2f} (<= 1.5?), pflower / stock {row['pflower'] / row['stock']:.2f} (<= 0.5?)")
+            if "floor" in row:
+                target = row["floor"] + plain / 2
+                print(f"{n} clients: floor + plain / 2 = {target:.3f} s; pflower / that {row['pflower'] / target:.2f} (<= 1.1?)")
+    if args.json:
+        args.json.write_text(json.dumps({"load": load, "runs": {str(n): by for n, by in runs.items()}}, indent=1))
+    if args.figure:
+        draw(table, args.figure, f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, no GPU, load {min(load):.0f}-{max(load):.0f}")
+        print(f"figure: {args.figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
