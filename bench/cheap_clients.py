@@ -16,10 +16,14 @@ invocation, alternating (A B C D E, then E D C B A, ...):
   (:func:`sim_speed.plain_loop`).
 
 Each simulation starts its own SuperLink and Ray head with 2 one-core actors (the machine's 2
-cores). ``--figure`` draws round time against the number of clients.
+cores). ``--figure`` draws round time against the number of clients. ``--pflower-from DIR``
+adds another pflower checkout (e.g. a worktree of main) as variant ``pflower@DIR``, run side by
+side with this one: a before-and-after in one invocation; ``--json`` keeps every round's
+seconds and each pflower run's metrics (without timings), to check that the numbers agree.
 
     .venv/bin/python bench/cheap_clients.py                          # 100 clients, each variant once
     .venv/bin/python bench/cheap_clients.py --clients 10 100 1000 --figure docs/figures/cheap-clients.png
+    .venv/bin/python bench/cheap_clients.py --pflower-from ../main --variants pflower stock floor
 """
 
 from __future__ import annotations
@@ -53,25 +57,32 @@ LABELS = {
 }
 
 
-def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> list[float]:
-    """One ``pflower-sim`` run of ``variant`` (pflower, stock or floor): seconds per round."""
-    if variant == "pflower":
-        app, cfg = ROOT, run_config_string(run_config(data_dir, rounds, 1.0, results))
+def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> tuple[list[float], list[dict] | None]:
+    """One ``pflower-sim`` run of ``variant`` (pflower, pflower@DIR, stock or floor): seconds per
+    round, and pflower's metrics rows without timings (None for the stock app)."""
+    env = dict(os.environ)
+    if variant.startswith("pflower"):
+        app = Path(variant.partition("@")[2] or ROOT)
+        env["PYTHONPATH"] = os.pathsep.join([str(app), env.get("PYTHONPATH", "")])
+        cfg = run_config_string(run_config(data_dir, rounds, 1.0, results))
     else:
         app, cfg = STOCK, _stock_config(data_dir, rounds, results) + f" client-work='{'none' if variant == 'floor' else 'full'}'"
     cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(app)]
     log = results.with_suffix(".log")
     with open(log, "w") as out:
-        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=app, env=env, check=False).returncode
     if code != 0:
         raise SystemExit(f"{variant} at {clients} clients failed ({code}); see {log}")
-    return _round_seconds("pflower" if variant == "pflower" else "stock", results)
+    if not variant.startswith("pflower"):
+        return _round_seconds("stock", results), None
+    rows = json.loads((results / "metrics.json").read_text())["rounds"]
+    return [r["wall-seconds"] for r in rows], [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]
 
 
-def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> list[float]:
+def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> tuple[list[float], list[dict] | None]:
     if variant.startswith("plain-"):
         settings = load_settings(run_config(data_dir, rounds, 1.0, results))
-        return plain_loop(settings, clients, rounds, int(variant.split("-")[1]))
+        return plain_loop(settings, clients, rounds, int(variant.split("-")[1])), None
     return simulated(variant, data_dir, clients, rounds, results)
 
 
@@ -87,9 +98,10 @@ def draw(table: dict[int, dict[str, float]], path: Path, stamp: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     counts = sorted(table)
-    for v in VARIANTS:
+    for v in table[counts[0]]:
         if all(v in table[n] for n in counts):
-            ax.plot(counts, [table[n][v] for n in counts], marker="o", label=LABELS[v])
+            label = LABELS.get(v, f"pflower before ({Path(v.partition('@')[2]).name})")
+            ax.plot(counts, [table[n][v] for n in counts], marker="o", label=label, linestyle="--" if "@" in v else "-")
     ax.set(xscale="log", yscale="log", xlabel="clients (the MNIST test set shared out)", ylabel="steady round (s)",
            title=f"Cheap clients: round time against clients\n{stamp}")  # fmt: skip
     ax.set_xticks(counts, [str(n) for n in counts])
@@ -106,26 +118,33 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--repeats", type=int, default=1, help="runs of each variant, alternating")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--pflower-from", type=Path, action="append", default=[], help="another pflower checkout to run beside this one")
     p.add_argument("--figure", type=Path, help="draw round time against clients into this file (PNG or SVG)")
     p.add_argument("--json", type=Path, help="write every round's seconds here")
     args = p.parse_args()
     data_dir = args.data_dir.resolve()
-    runs: dict[int, dict[str, list[list[float]]]] = {n: {v: [] for v in args.variants} for n in args.clients}
+    variants = args.variants + [f"pflower@{d.resolve()}" for d in args.pflower_from]
+    runs: dict[int, dict[str, list[list[float]]]] = {n: {v: [] for v in variants} for n in args.clients}
+    metrics: dict[str, list] = {}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.clients:
             for rep in range(args.repeats):
-                for v in args.variants if rep % 2 == 0 else args.variants[::-1]:
+                for k, v in enumerate(variants if rep % 2 == 0 else variants[::-1]):
                     t0 = time.time()
-                    runs[n][v].append(measure(v, data_dir, n, args.rounds, Path(tmp) / f"{v}-{n}-{rep}"))
+                    seconds, rows = measure(v, data_dir, n, args.rounds, Path(tmp) / f"{n}-{rep}-{k}")
+                    runs[n][v].append(seconds)
+                    if rows is not None:
+                        metrics[f"{v} {n} {rep}"] = rows
                     load.append(os.getloadavg()[0])
                     print(f"  {n} clients, {v}: {steady(runs[n][v][-1]):.3f} s/round ({time.time() - t0:.0f} s run)", flush=True)
     table = {n: {v: statistics.median(steady(r) for r in rs) for v, rs in by.items()} for n, by in runs.items()}
     print(f"\n{args.rounds} rounds, steady round = median of rounds 2-{args.rounds}, median of {args.repeats} run(s); "
           f"load average (1 min) {min(load):.1f}-{max(load):.1f} over the runs, {os.cpu_count()} cores")  # fmt: skip
-    print(f"{'clients':>8}" + "".join(f"{v:>10}" for v in args.variants))
+    names = {v: v if "@" not in v else f"pflower@{Path(v.partition('@')[2]).name}" for v in variants}
+    print(f"{'clients':>8}" + "".join(f"{names[v]:>16}" for v in variants))
     for n, row in table.items():
-        print(f"{n:>8}" + "".join(f"{row[v]:>10.3f}" for v in args.variants))
+        print(f"{n:>8}" + "".join(f"{row[v]:>16.3f}" for v in variants))
     for n, row in table.items():
         if "floor" in row:
             print(f"{n} clients: Flower's floor {1000 * row['floor'] / (2 * n):.1f} ms a message (2 x {n} messages a round)")
@@ -136,7 +155,9 @@ def main() -> int:
                 target = row["floor"] + plain / 2
                 print(f"{n} clients: floor + plain / 2 = {target:.3f} s; pflower / that {row['pflower'] / target:.2f} (<= 1.1?)")
     if args.json:
-        args.json.write_text(json.dumps({"load": load, "runs": {str(n): by for n, by in runs.items()}}, indent=1))
+        args.json.write_text(json.dumps({"load": load, "runs": {str(n): by for n, by in runs.items()}, "metrics": metrics}, indent=1))
+    same = {n: len({json.dumps(m, sort_keys=True) for k, m in metrics.items() if k.split()[1] == str(n)}) for n in args.clients}
+    print("pflower's metrics (without timings) alike across its runs: " + ", ".join(f"{n} clients {'yes' if c <= 1 else 'NO'}" for n, c in same.items()))
     if args.figure:
         draw(table, args.figure, f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, no GPU, load {min(load):.0f}-{max(load):.0f}")
         print(f"figure: {args.figure}")
