@@ -21,9 +21,15 @@ adds another pflower checkout (e.g. a worktree of main) as variant ``pflower@DIR
 side with this one: a before-and-after in one invocation; ``--json`` keeps every round's
 seconds and each pflower run's metrics (without timings), to check that the numbers agree.
 
+``--sweep`` times what bounds Flower's floor as the clients grow, in this process and without
+Ray: one pass of the simulation engine's 0.1 s loop (``flwr/server/superlink/fleet/vce/
+vce_api.py:174-180``: ``get_message_ins(node, limit=1)`` for every node), which scans every
+message the in-memory LinkState holds for every node (``in_memory_linkstate.py:252-263``).
+
     .venv/bin/python bench/cheap_clients.py                          # 100 clients, each variant once
     .venv/bin/python bench/cheap_clients.py --clients 10 100 1000 --figure docs/figures/cheap-clients.png
     .venv/bin/python bench/cheap_clients.py --pflower-from ../main --variants pflower stock floor
+    .venv/bin/python bench/cheap_clients.py --sweep
 """
 
 from __future__ import annotations
@@ -86,6 +92,34 @@ def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Pa
     return simulated(variant, data_dir, clients, rounds, results)
 
 
+def sweep_seconds(nodes: int, held: int, repeats: int = 3) -> float:
+    """Median seconds of one pass of Flower's simulation loop over ``nodes`` nodes while its
+    in-memory LinkState holds ``held`` messages, all delivered (in flight, replies not pulled)."""
+    from flwr.app import Message, Metadata, RecordDict
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
+
+    state = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()).state()
+    run = type("Run", (), {"run_id": 1, "federation_id": NOOP_FEDERATION_ID})()
+    state.run_ids[1] = RunRecord(run=run)
+    for i in range(held):
+        meta = Metadata(run_id=1, message_id=f"m{i}", src_node_id=1, dst_node_id=2 + i, reply_to_message_id="", group_id="",
+                        created_at=time.time(), ttl=3600.0, message_type="train")  # fmt: skip
+        meta.delivered_at = "delivered"
+        state.message_ins_store[f"m{i}"] = Message(RecordDict(), metadata=meta)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for node in range(2, 2 + nodes):
+            state.get_message_ins(node_id=node, limit=1)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def steady(rounds: list[float]) -> float:
     return statistics.median(rounds[1:])
 
@@ -121,7 +155,14 @@ def main() -> int:
     p.add_argument("--pflower-from", type=Path, action="append", default=[], help="another pflower checkout to run beside this one")
     p.add_argument("--figure", type=Path, help="draw round time against clients into this file (PNG or SVG)")
     p.add_argument("--json", type=Path, help="write every round's seconds here")
+    p.add_argument("--sweep", action="store_true", help="only time one pass of Flower's simulation loop at each --clients")
     args = p.parse_args()
+    if args.sweep:
+        print(f"one pass of Flower's simulation loop (load average {os.getloadavg()[0]:.1f}):")
+        for n in args.clients if args.clients != [100] else [10, 100, 1000]:
+            for held in sorted({n, min(n, 64)}):
+                print(f"  {n} nodes, {held} messages held: {1000 * sweep_seconds(n, held):.1f} ms")
+        return 0
     data_dir = args.data_dir.resolve()
     variants = args.variants + [f"pflower@{d.resolve()}" for d in args.pflower_from]
     runs: dict[int, dict[str, list[list[float]]]] = {n: {v: [] for v in variants} for n in args.clients}
