@@ -278,6 +278,15 @@ def test_a_windowed_phase_keeps_at_most_the_window_in_flight_and_sends_no_more_a
     assert window_for(object.__new__(InMemoryGrid)) == SIMULATION_WINDOW and window_for(grid) is None
 
 
+def test_a_windowed_run_has_the_metrics_of_one_that_sends_each_phase_at_once(tmp_path, monkeypatch, no_figures):
+    from conftest import in_process_rounds
+
+    cfg = run_config(num_server_rounds=2, local_epochs=1, samples_per_client=60)
+    at_once = in_process_rounds(cfg, tmp_path / "at-once", 4)
+    monkeypatch.setattr("pflower.strategies.federation.window_for", lambda grid: 2)
+    assert in_process_rounds(cfg, tmp_path / "windowed", 4) == at_once
+
+
 def _identity_tamper(client: int, change: dict):
     def tamper(partition: int, reply: Message) -> Message:
         if partition == client and reply.metadata.message_type == "query" and not reply.has_error():
