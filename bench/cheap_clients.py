@@ -132,10 +132,10 @@ def draw(table: dict[int, dict[str, float]], path: Path, stamp: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     counts = sorted(table)
-    for v in table[counts[0]]:
-        if all(v in table[n] for n in counts):
-            label = LABELS.get(v, f"pflower before ({Path(v.partition('@')[2]).name})")
-            ax.plot(counts, [table[n][v] for n in counts], marker="o", label=label, linestyle="--" if "@" in v else "-")
+    for v in dict.fromkeys(v for n in counts for v in table[n]):
+        xs = [n for n in counts if v in table[n]]
+        label = LABELS.get(v, f"pflower before ({Path(v.partition('@')[2]).name})")
+        ax.plot(xs, [table[n][v] for n in xs], marker="o", label=label, linestyle="--" if "@" in v else "-")
     ax.set(xscale="log", yscale="log", xlabel="clients (the MNIST test set shared out)", ylabel="steady round (s)",
            title=f"Cheap clients: round time against clients\n{stamp}")  # fmt: skip
     ax.set_xticks(counts, [str(n) for n in counts])
