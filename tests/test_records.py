@@ -1,5 +1,6 @@
 """State dict <-> ArrayRecord conversion, payload bytes, and flat stacking."""
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -38,3 +39,24 @@ def test_flat_spec_stack_and_unflatten():
     assert stacked.shape == (2, 15)
     back = spec.unflatten(stacked[1])
     assert torch.allclose(back["a.weight"], STATE["a.weight"] + 1)
+
+
+def test_arrays_are_flowers_byte_for_byte_and_read_back_as_np_load_reads_them():
+    """The fast paths of :func:`to_record` and :func:`from_record` give what ``Array(ndarray)``
+    and ``Array.numpy()`` give; bytes that are not exactly np.save's for the declared dtype and
+    shape (Fortran order, a shape that disagrees with the header) are read by Flower."""
+    from flwr.app import Array
+
+    from pflower.records import _array, _ndarray
+
+    cases = [np.random.rand(3, 4).astype(np.float32), np.arange(5, dtype=np.int64), np.array(3.5), np.zeros((0, 3)),
+             np.ones((2, 3, 4), np.float16), np.array([True, False]), np.array([1, 2], dtype=">i4"), np.array([1.5 + 2j], np.complex64)]  # fmt: skip
+    for a in cases:
+        fast, flower = _array(a), Array(a)
+        assert (fast.dtype, fast.shape, fast.stype, fast.data) == (flower.dtype, flower.shape, flower.stype, flower.data)
+        back = _ndarray(flower)
+        assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a) and back.flags.writeable
+    fortran = np.asfortranarray(np.random.rand(3, 4))
+    assert np.array_equal(_ndarray(Array(fortran)), fortran)
+    a = Array(np.random.rand(3, 4))
+    assert _ndarray(Array(dtype=a.dtype, shape=(4, 3), stype=a.stype, data=a.data)).shape == (3, 4)  # the header's, as np.load

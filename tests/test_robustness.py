@@ -234,6 +234,59 @@ def test_send_and_receive_returns_what_came_by_the_timeout_and_polls_sparingly()
     assert time.monotonic() - t0 < 2.0  # returns when all replies came, not at the timeout
 
 
+class _WindowGrid:
+    """Each reply comes ``delay`` seconds after its message was pushed; counts the most in flight."""
+
+    def __init__(self, delay: float):
+        self.delay, self.pushed, self.in_flight, self.most = delay, {}, set(), 0
+
+    def push_messages(self, messages):
+        import time
+
+        ids = []
+        for m in messages:
+            i = f"m{len(self.pushed)}"
+            self.pushed[i] = (with_metadata(m, message_id=i), time.monotonic())
+            self.in_flight.add(i)
+            ids.append(i)
+        self.most = max(self.most, len(self.in_flight))
+        return ids
+
+    def pull_messages(self, ids):
+        import time
+
+        now = time.monotonic()
+        ready = [i for i in ids if i in self.in_flight and now - self.pushed[i][1] >= self.delay]
+        self.in_flight.difference_update(ready)
+        return [Message(RecordDict(), reply_to=self.pushed[i][0]) for i in ready]
+
+
+def test_a_windowed_phase_keeps_at_most_the_window_in_flight_and_sends_no_more_after_the_timeout():
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.grid import InMemoryGrid
+
+    from pflower.strategies.federation import SIMULATION_WINDOW, send_and_receive, window_for
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in range(1, 11)]
+    grid = _WindowGrid(0.01)
+    replies = send_and_receive(grid, msgs, timeout=10.0, window=3)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == sorted(f"m{i}" for i in range(10)) and grid.most == 3
+    grid = _WindowGrid(0.3)
+    replies = send_and_receive(grid, msgs, timeout=0.5, window=4)  # 4 answered by 0.3 s, 4 more pushed then, none after 0.5 s
+    assert len(replies) == 4 and len(grid.pushed) == 8
+    assert window_for(object.__new__(InMemoryGrid)) == SIMULATION_WINDOW and window_for(grid) is None
+
+
+def test_a_windowed_run_has_the_metrics_of_one_that_sends_each_phase_at_once(tmp_path, monkeypatch, no_figures):
+    from conftest import in_process_rounds
+
+    cfg = run_config(num_server_rounds=2, local_epochs=1, samples_per_client=60)
+    at_once = in_process_rounds(cfg, tmp_path / "at-once", 4)
+    monkeypatch.setattr("pflower.strategies.federation.window_for", lambda grid: 2)
+    assert in_process_rounds(cfg, tmp_path / "windowed", 4) == at_once
+
+
 def _identity_tamper(client: int, change: dict):
     def tamper(partition: int, reply: Message) -> Message:
         if partition == client and reply.metadata.message_type == "query" and not reply.has_error():

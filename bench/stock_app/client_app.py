@@ -1,8 +1,12 @@
 """A quickstart-style ClientApp (Flower's quickstart-pytorch, with the data read from local IDX
 files instead of the Hub): each node takes its iid share of the MNIST files by ``partition-id``,
-trains the CNN pflower uses for MNIST (same layers, plain SGD) and evaluates on its held-out 30%."""
+trains the CNN pflower uses for MNIST (same layers, plain SGD) and evaluates on its held-out 30%.
+
+``client-work='none'`` makes both handlers no-ops that only reply (the received arrays back, fixed
+metrics): the floor of Flower's engine in ``bench/cheap_clients.py``."""
 
 import gzip
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -33,21 +37,38 @@ def _idx(path: Path) -> np.ndarray:
 
 
 def load_data(context: Context):
-    """(train, test) tensors of this node's iid share of every IDX pair in data-dir."""
-    root, cfg = Path(context.run_config["data-dir"]), context.run_config
-    images = sorted(root.glob("*images-idx3-ubyte*"))
+    """(train, test) tensors of this node's iid share of every IDX pair in data-dir, read once per
+    process and partition (as Flower's quickstart keeps its ``FederatedDataset`` in a global)."""
+    cfg, node = context.run_config, context.node_config
+    return _partition(str(cfg["data-dir"]), int(cfg["seed"]), float(cfg["test-fraction"]), int(node["num-partitions"]), int(node["partition-id"]))
+
+
+@lru_cache(maxsize=1)
+def _pool(root: str) -> tuple[np.ndarray, np.ndarray]:
+    images = sorted(Path(root).glob("*images-idx3-ubyte*"))
     x = np.concatenate([_idx(p) for p in images]).astype(np.float32)[:, None] / 255.0
     y = np.concatenate([_idx(p.with_name(p.name.replace("images-idx3", "labels-idx1"))) for p in images]).astype(np.int64)
-    x = (x - x.mean()) / x.std()
-    part = np.array_split(np.random.default_rng(int(cfg["seed"])).permutation(len(y)), int(context.node_config["num-partitions"]))
-    mine = part[int(context.node_config["partition-id"])]
-    cut = int(len(mine) * (1 - float(cfg["test-fraction"])))
+    return (x - x.mean()) / x.std(), y
+
+
+@lru_cache(maxsize=4096)
+def _partition(root: str, seed: int, test_fraction: float, partitions: int, partition: int):
+    x, y = _pool(root)
+    mine = np.array_split(np.random.default_rng(seed).permutation(len(y)), partitions)[partition]
+    cut = int(len(mine) * (1 - test_fraction))
     tr, te = mine[:cut], mine[cut:]
     return (torch.from_numpy(x[tr]), torch.from_numpy(y[tr])), (torch.from_numpy(x[te]), torch.from_numpy(y[te]))
 
 
+def _idle(context: Context) -> bool:
+    return context.run_config.get("client-work", "full") == "none"
+
+
 @app.train()
 def train(msg: Message, context: Context):
+    if _idle(context):
+        content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"train_loss": 0.0, "num-examples": 1})})
+        return Message(content, reply_to=msg)
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     (x, y), _ = load_data(context)
@@ -68,6 +89,8 @@ def train(msg: Message, context: Context):
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context):
+    if _idle(context):
+        return Message(RecordDict({"metrics": MetricRecord({"eval_loss": 0.0, "eval_acc": 0.0, "num-examples": 1})}), reply_to=msg)
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     _, (x, y) = load_data(context)

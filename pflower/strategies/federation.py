@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 
 from pflower import reply_metrics, single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
@@ -42,19 +43,50 @@ NO_QUERY_HANDLER = "No query function registered"
 #: at least 5 ms and at most 0.5 s.
 POLL_FIRST, POLL_SHARE, POLL_MAX = 0.005, 0.05, 0.5
 
+#: Messages in flight at once on Flower's in-memory grid (simulation). Every 0.1 s Flower's
+#: simulation engine asks its LinkState for each node's next message, and each ask scans every
+#: message the LinkState holds, delivered or not, until the ServerApp pulls its reply
+#: (flwr/server/superlink/fleet/vce/vce_api.py:174-180, in_memory_linkstate.py:252-263): a
+#: sweep costs nodes x messages held, under the lock the ServerApp's pushes and pulls wait for.
+#: Holding at most this many keeps the sweep linear in the clients; 64 per 0.1 s sweep is more
+#: messages than one machine's actors handle.
+SIMULATION_WINDOW = 64
+#: The longest wait between pulls of a windowed phase: each reply frees a slot for the next message.
+WINDOW_POLL_MAX = 0.05
+
 #: Streams of :meth:`Federation.sample`: which clients train, which evaluate.
 TRAIN_SAMPLE, EVALUATE_SAMPLE = 0, 1
 
 
-def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
-    """Push ``messages``, then pull their replies until all came or ``timeout`` seconds passed.
+def window_for(grid: Grid) -> int | None:
+    """How many messages of a phase may be in flight at once on ``grid``: :data:`SIMULATION_WINDOW`
+    on Flower's in-memory grid (the simulation engine), None (all at once) on any other."""
+    return SIMULATION_WINDOW if isinstance(grid, InMemoryGrid) else None
+
+
+def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, window: int | None = None) -> list[Message]:
+    """Push ``messages``, then pull their replies until all came or ``timeout`` seconds passed;
+    with ``window``, at most that many are pushed and not yet answered at any time (the rest
+    are pushed as replies come; those still unsent at the timeout are not sent).
 
     Flower's own ``Grid.send_and_receive`` sleeps a fixed 3 s between pulls on the SuperLink's
     HTTP grid (deployment) and 0.1 s on the in-memory one (simulation), which every phase of
-    every round pays. Here a reply is noticed within about 5% of the phase's length, and a
-    long phase still costs the SuperLink only a couple of requests per second.
+    every round pays. Here a reply is noticed within about 5% of the phase's length (at most
+    :data:`WINDOW_POLL_MAX` with a window), and a long phase still costs the SuperLink only a
+    couple of requests per second.
     """
-    pending = set(grid.push_messages(messages))
+    unsent = list(messages)
+    window = window or max(len(unsent), 1)
+    pending: set[str] = set()
+
+    def push() -> None:
+        room = window - len(pending)
+        if room > 0 and unsent:
+            pending.update(grid.push_messages(unsent[:room]))
+            del unsent[:room]
+
+    push()
+    longest = POLL_MAX if not unsent else WINDOW_POLL_MAX
     start = time.monotonic()
     replies: list[Message] = []
     while pending:
@@ -62,9 +94,12 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) ->
         replies.extend(got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
         elapsed = time.monotonic() - start
-        if not pending or elapsed >= timeout:
+        if elapsed >= timeout:
             break
-        time.sleep(min(max(POLL_FIRST, POLL_SHARE * elapsed), POLL_MAX, timeout - elapsed))
+        push()
+        if not pending:
+            break
+        time.sleep(min(max(POLL_FIRST, POLL_SHARE * elapsed), longest, timeout - elapsed))
     return replies
 
 
@@ -144,7 +179,7 @@ class Federation:
         new = [n for n in nodes if n not in self.client_of and n not in self.refused]
         if new:
             msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-            for reply in sorted(send_and_receive(grid, msgs, timeout), key=lambda r: r.metadata.src_node_id):
+            for reply in sorted(send_and_receive(grid, msgs, timeout, window_for(grid)), key=lambda r: r.metadata.src_node_id):
                 node = reply.metadata.src_node_id
                 why = self._register_stateless(node, set(nodes)) if self._no_handler(reply) else self._register(reply)
                 if why is None:
@@ -322,7 +357,7 @@ class Federation:
         if held is not None:
             messages, evaluated, carried = self._with_held(messages, held)
         down = sum(payload_bytes(m.content) for m in messages)
-        replies = send_and_receive(grid, messages, timeout)
+        replies = send_and_receive(grid, messages, timeout, window_for(grid))
         replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
         up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
         answered = {(r.metadata.src_node_id, r.metadata.message_type) for r in replies}
