@@ -13,10 +13,13 @@ message) and with training and evaluation as two phases a round (``single-messag
 ``--repeats`` alternates more pairs, ``--single-message true`` runs one of them.
 
 ``--clients 100 --fraction 0.1`` (or 1000) measures the scale runs: the shared MNIST set spread
-over more clients, 10% of them training each round, every client evaluating.
+over more clients, 10% of them training each round, every client evaluating; ``--method pfedla``
+(with ``--no-plain``) the same with another method. The peak memory is also split by process
+group (:data:`GROUPS`, by command line) at the moment of the peak.
 
     .venv/bin/python bench/sim_speed.py [--data-dir ../shared/data/mnist] [--rounds 20]
     .venv/bin/python bench/sim_speed.py --clients 1000 --fraction 0.1 --rounds 5 --no-plain
+    .venv/bin/python bench/sim_speed.py --method pfedla --clients 1000 --fraction 0.1 --rounds 2 --no-plain --single-message true
 """
 
 from __future__ import annotations
