@@ -13,10 +13,13 @@ message) and with training and evaluation as two phases a round (``single-messag
 ``--repeats`` alternates more pairs, ``--single-message true`` runs one of them.
 
 ``--clients 100 --fraction 0.1`` (or 1000) measures the scale runs: the shared MNIST set spread
-over more clients, 10% of them training each round, every client evaluating.
+over more clients, 10% of them training each round, every client evaluating; ``--method pfedla``
+(with ``--no-plain``) the same with another method. The peak memory is also split by process
+group (:data:`GROUPS`, by command line) at the moment of the peak.
 
     .venv/bin/python bench/sim_speed.py [--data-dir ../shared/data/mnist] [--rounds 20]
     .venv/bin/python bench/sim_speed.py --clients 1000 --fraction 0.1 --rounds 5 --no-plain
+    .venv/bin/python bench/sim_speed.py --method pfedla --clients 1000 --fraction 0.1 --rounds 2 --no-plain --single-message true
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from pflower.processes import process_tree  # noqa: E402
 from pflower.training import evaluate, train  # noqa: E402
 
 
-def run_config(data_dir: Path, rounds: int, fraction: float, results: Path) -> dict:
+def run_config(data_dir: Path, rounds: int, fraction: float, results: Path, method: str = "fedavg") -> dict:
     return {
-        "method": "fedavg", "dataset": "mnist", "data-dir": str(data_dir), "partition": "iid",
+        "method": method, "dataset": "mnist", "data-dir": str(data_dir), "partition": "iid",
         "local-epochs": 1, "num-server-rounds": rounds, "fraction-train": fraction, "results-dir": str(results),
     }  # fmt: skip
 
@@ -76,17 +79,47 @@ def plain_loop(settings, clients: int, rounds: int, threads: int) -> list[float]
     return times
 
 
-def _pss_bytes(pids: list[int]) -> int:
-    total = 0
+#: Process groups by command line, first match wins: what each of pflower-sim's processes is.
+GROUPS = (
+    ("Ray GCS", ("gcs_server",)),
+    ("Ray raylet", ("raylet/raylet",)),
+    ("Ray agents and monitors", ("ray::RuntimeEnvAgent", "ray::DashboardAgent", "ray/dashboard", "log_monitor", "autoscaler")),
+    ("Ray workers (ClientApp actors)", ("ray::", "default_worker")),
+    ("Ray head driver (pflower.ray_head)", ("pflower.ray_head",)),
+    ("simulation process (ServerApp)", ("flwr-simulation",)),
+    ("SuperLink", ("flower-superlink",)),
+    ("SuperExec", ("flower-superexec",)),
+    ("flwr CLI", ("flwr run", "/flwr ")),
+    ("pflower-sim launcher", ("pflower-sim",)),
+)
+
+
+def _pss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _group(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    return next((name for name, marks in GROUPS if any(m in cmd for m in marks)), "other")
+
+
+def _pss_bytes(pids: list[int]) -> dict[str, int]:
+    """Proportional set size of ``pids`` by process group (shared pages split among their users)."""
+    out: dict[str, int] = {}
     for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except OSError:
-            continue
-    return total
+        size = _pss(pid)
+        if size:
+            out[_group(pid)] = out.get(_group(pid), 0) + size
+    return out
 
 
 def pflower_run(config: dict, clients: int, results: Path) -> dict:
@@ -104,9 +137,11 @@ def pflower_run(config: dict, clients: int, results: Path) -> dict:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak = 0
+    peak, groups = 0, {}
     while proc.poll() is None:
-        peak = max(peak, _pss_bytes(process_tree(proc.pid)))
+        now = _pss_bytes(process_tree(proc.pid))
+        if sum(now.values()) > peak:
+            peak, groups = sum(now.values()), now
         time.sleep(0.5)
     reader.join(5)
     if proc.returncode != 0:
@@ -120,6 +155,7 @@ def pflower_run(config: dict, clients: int, results: Path) -> dict:
         "clients": line["clients-ready"] - line["serverapp-started"],
         "startup": line["clients-ready"] - t0,
         "peak": peak,
+        "peak-groups": groups,
     }
 
 
@@ -130,6 +166,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--fraction", type=float, default=1.0, help="fraction-train: share of clients training per round")
     p.add_argument("--no-plain", action="store_true", help="skip the plain loop (scale runs)")
+    p.add_argument("--method", default="fedavg", help="pflower's method (the plain loop is FedAvg's: use --no-plain with others)")
     p.add_argument("--single-message", choices=["both", "true", "false"], default="both",
                    help="pflower's schedule: one message per client per round, two phases a round, or both alternating")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="pflower runs of each schedule, alternating")
@@ -138,13 +175,13 @@ def main() -> int:
     schedules = {"both": (True, False), "true": (True,), "false": (False,)}[args.single_message]
     runs: dict[bool, list[dict]] = {flag: [] for flag in schedules}
     with tempfile.TemporaryDirectory() as tmp:
-        config = run_config(args.data_dir.resolve(), args.rounds, args.fraction, Path(tmp))
+        config = run_config(args.data_dir.resolve(), args.rounds, args.fraction, Path(tmp), args.method)
         for _ in range(args.repeats):
             for flag in schedules:
                 runs[flag].append(pflower_run({**config, "single-message": flag}, args.clients, Path(tmp)))
         plain = {} if args.no_plain else {t: plain_loop(load_settings(config), args.clients, args.rounds, t) for t in (1, 2)}
     ours = runs[schedules[0]][-1]
-    print(f"clients {args.clients}, fraction-train {args.fraction:g}, {args.rounds} rounds")
+    print(f"{args.method}, clients {args.clients}, fraction-train {args.fraction:g}, {args.rounds} rounds")
     for threads, times in plain.items():
         print(f"plain single-process loop ({threads} thread{'s' * (threads > 1)}): {steady(times):.3f} s/round")
     for flag, done in runs.items():
@@ -161,7 +198,9 @@ def main() -> int:
     print(f"pflower start-up before round 1:   {ours['startup']:.1f} s "
           f"(SuperLink + submission {ours['submit']:.1f} s, simulation process + ServerApp {ours['serverapp']:.1f} s, "
           f"Ray + ClientApps + identity query {ours['clients']:.1f} s)")  # fmt: skip
-    print(f"peak memory of pflower's processes: {ours['peak'] / 2**20:.0f} MiB")
+    print(f"peak memory of pflower's processes: {ours['peak'] / 2**20:.0f} MiB (PSS, all processes together); at that peak:")
+    for name, size in sorted(ours["peak-groups"].items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<36} {size / 2**20:7.0f} MiB")
     return 0
 
 

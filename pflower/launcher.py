@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -201,6 +203,18 @@ def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int =
         return run_id, status
 
 
+def _check_apart(app: Path, run_config: str, num_clients: int) -> str | None:
+    """:func:`pflower.check.check` in a child process: the check imports torch and opens the data,
+    about 350 MiB that this process would otherwise hold for the whole run. In a process that
+    has imported torch already (a test calling :func:`main`) it runs here."""
+    from pflower.check import check
+
+    if "torch" in sys.modules:
+        return check(app, run_config, num_clients)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        return pool.submit(check, app, run_config, num_clients).result()
+
+
 def _exit_on_sigterm(signum: int, frame) -> None:
     """SIGTERM ends pflower-sim like Ctrl-C: through its clean-up, which stops the SuperLink and Ray."""
     raise SystemExit(128 + signum)
@@ -216,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
     p.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: <app>/.flwr)")
     args = p.parse_args(argv)
-    from pflower.check import check, is_pflower_app
+    from pflower.check import is_pflower_app
 
-    if is_pflower_app(args.app) and (why := check(args.app, args.run_config, args.num_clients)) is not None:
+    if is_pflower_app(args.app) and (why := _check_apart(args.app, args.run_config, args.num_clients)) is not None:
         print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -104,6 +104,21 @@ def test_layer_spread_is_the_sum_of_squared_distances_to_the_mean():
     assert torch.allclose(got, torch.tensor([8.0, 8 / 3 + 6], dtype=torch.float64))
 
 
+def test_layer_spread_takes_the_mean_by_column_blocks_with_the_same_numbers():
+    """The mean goes by blocks of columns (no float64 copy of every client model at once): bit
+    for bit the spread from the mean of all columns at once, since each column's mean comes
+    from that column alone."""
+    theta = torch.randn(50, 37, generator=torch.Generator().manual_seed(3)) * 7 + 2
+    segments = [(0, 5), (5, 30), (30, 37)]
+    mean = theta.mean(0, dtype=torch.float64)  # all columns at once
+    for chunk in (1, 4, 64):  # blocks of 1, 2 and 47 columns
+        want = torch.zeros(3, dtype=torch.float64)
+        for start in range(0, 50, chunk):
+            sq = (theta[start : start + chunk].double() - mean).square()
+            want += torch.stack([sq[:, a:b].sum() for a, b in segments])
+        assert torch.equal(layer_spread(theta, segments, chunk=chunk), want)
+
+
 def test_retained_layers_take_no_part_in_the_hypernetwork_step():
     """HeurpFedLA: a retained layer started from the client's own model, whatever the weights:
     the step ignores its delta, and retaining every layer leaves the hypernetwork unchanged."""
