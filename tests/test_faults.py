@@ -65,7 +65,7 @@ def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_f
     import threading
 
     flag = "true" if single_message else "false"
-    base = f"method='fedper' fraction-train=1.0 local-epochs=1 single-message={flag} num-server-rounds=3"
+    base = f"method='fedper' fraction-train=1.0 local-epochs=1 samples-per-client=60 single-message={flag} num-server-rounds=3"
     first: dict = {}
     app = faulty_app(tmp_path / "app", "hang")
     leg = threading.Thread(target=lambda: first.update(zip(("id", "status", "log"), _run(superlink, f"{base} results-dir='{tmp_path / 'first'}'", app=app))))
@@ -82,8 +82,9 @@ def test_a_serverapp_stopped_mid_run_resumes_exactly(superlink, tmp_path, grid_f
     assert status == "finished:completed" and "Resuming lineage" in log, log
     resumed = json.loads((tmp_path / "second" / "metrics.json").read_text())
     cfg = run_config(
-        method="fedper", fraction_train=1.0, local_epochs=1, single_message=single_message, num_server_rounds=3, results_dir=str(tmp_path / "full")
-    )
+        method="fedper", fraction_train=1.0, local_epochs=1, samples_per_client=60, single_message=single_message, num_server_rounds=3,
+        results_dir=str(tmp_path / "full"),
+    )  # fmt: skip
     build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
     full = json.loads((tmp_path / "full" / "metrics.json").read_text())
     strip = lambda doc: [{k: v for k, v in r.items() if k != "wall-seconds"} for r in doc["rounds"]]  # noqa: E731
