@@ -51,7 +51,10 @@ def _kill_serverapp_after_checkpoint(superlink, results, round_: int, timeout: f
     runs = json.loads(subprocess.run([flwr, "ls", CONNECTION, "--format", "json"], env=env, capture_output=True, text=True, check=True).stdout)
     for run in runs["runs"]:
         if run["status"].startswith("running"):
-            subprocess.run([flwr, "stop", str(run["run-id"]), CONNECTION], env=env, capture_output=True, text=True, check=True)
+            # on a loaded machine the CLI can start after the run's heartbeats lapsed (30 s): then
+            # the SuperLink has marked it finished itself, which is what the stop is for
+            out = subprocess.run([flwr, "stop", str(run["run-id"]), CONNECTION], env=env, capture_output=True, text=True, check=False)
+            assert out.returncode == 0 or "already finished" in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("single_message", [True, False], ids=["one-message", "two-phase"])
