@@ -77,11 +77,11 @@ def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     from pflower.config import load_settings
 
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
-    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 local-epochs=1 results-dir='{ray_dir}'", cpus=1)  # two Ray workers
+    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1)  # two Ray workers
     assert status == "finished:completed", log
     # in process with two phases a round; on Flower round 1's evaluation went with round 2's
     # training messages, and alone to the client not sampled for training in round 2
-    cfg = run_config(num_server_rounds=2, fraction_train=0.67, local_epochs=1, results_dir=str(local_dir), single_message=False)
+    cfg = run_config(num_server_rounds=2, fraction_train=0.67, results_dir=str(local_dir), single_message=False)
     build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 3))
     ray_rounds = json.loads((ray_dir / "metrics.json").read_text())["rounds"]
     local_rounds = json.loads((local_dir / "metrics.json").read_text())["rounds"]
