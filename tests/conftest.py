@@ -189,9 +189,10 @@ def faulty_app(directory: Path, fault: str, partition: int = 0) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def superlink(tmp_path_factory):
-    """A simulation SuperLink shared by the tests of one module; yields its FLWR_HOME."""
+    """A simulation SuperLink (and its Ray head) shared by the tests of one xdist worker, of
+    every module: the fault simulations' worker runs two modules' tests on one; yields its FLWR_HOME."""
     from pflower.launcher import simulation_superlink
 
     home = tmp_path_factory.mktemp("flwr-home")

@@ -12,6 +12,9 @@ pytestmark = pytest.mark.e2e
 SIMULATION = pytest.mark.xdist_group("simulation")
 FAULTS = pytest.mark.xdist_group("simulation-faults")  # the shorter simulation worker takes these
 
+#: Samples per client where a run on Flower is compared with the same run in process (equality,
+#: not learning): the resume sweep's size, enough for every method's splits.
+SAMPLES = 60
 #: On real Flower, 3 short rounds with its declared example config, each server strategy whose
 #: messages differ in kind from the one-model-down, one-model-up of FedAvg and pFedLA (which
 #: run on Flower in the deployment tests, and pFedLA in test_simulation_equals_in_process_run,
@@ -27,7 +30,8 @@ def _two_phase_in_process(tmp_path, method: str) -> list[dict]:
     """The method's run in process with every evaluation a phase of its own (single-message=false)."""
     from conftest import in_process_rounds, run_config
 
-    cfg = {**run_config(), **declarations()[method].example, "method": method, "num-server-rounds": 3, "local-epochs": 1, "single-message": False}
+    cfg = {**run_config(), **declarations()[method].example, "method": method, "num-server-rounds": 3, "local-epochs": 1, "single-message": False,
+           "samples-per-client": SAMPLES}  # fmt: skip
     return in_process_rounds(cfg, tmp_path / "two-phase")
 
 
@@ -37,7 +41,7 @@ def test_every_server_strategy_runs_on_flower(superlink, tmp_path, method):
     """3 rounds on Flower, one message per client per round: the metrics of the same run in
     process with two phases a round (Flower's engine and the schedule change nothing)."""
     results = tmp_path / method
-    config = f"method='{method}' num-server-rounds=3 local-epochs=1 results-dir='{results}' {METHOD_CONFIGS[method]}"
+    config = f"method='{method}' num-server-rounds=3 local-epochs=1 samples-per-client={SAMPLES} results-dir='{results}' {METHOD_CONFIGS[method]}"
     run_id, status, log = _run(superlink, config)
     assert status == "finished:completed", log
     doc = json.loads((results / "metrics.json").read_text())

@@ -15,6 +15,9 @@ from pflower.checkpoint import load_checkpoint
 from pflower.config import load_settings
 from pflower.methods import declarations
 
+#: Samples per client in the sweeps below, which compare schedules (equality, not learning): the
+#: resume sweep's size, enough for every method's splits.
+SAMPLES = 60
 #: What legitimately differs between the two schedules: the bytes (an evaluation's arrays that
 #: equal the training arrays travel once) and the time.
 SCHEDULE = {"bytes-down", "bytes-up", "cumulative-bytes-down", "cumulative-bytes-up", "relayed-bytes", "wall-seconds"}
@@ -46,7 +49,7 @@ def _per_node(grid, round_of=lambda m: int(m.content["config"]["server-round"]))
 def test_every_method_has_the_same_metrics_with_one_message_per_round(grid_factory, tmp_path, method):
     """Each method's declared example, 3 rounds: every row's evaluation, training and method
     entries (SuPerFed's lambda curve, FedeRiCo's weights, pFedLA's alpha) are identical."""
-    cfg = {**run_config(), **declarations()[method].example, "method": method, "num-server-rounds": 3, "local-epochs": 1}
+    cfg = {**run_config(samples_per_client=SAMPLES), **declarations()[method].example, "method": method, "num-server-rounds": 3, "local-epochs": 1}
     (two, _), (one, grid) = _both(grid_factory, tmp_path, cfg)
     assert _metrics(one) == _metrics(two)
     assert all(r["evaluated"] == 3 and r["accuracy"] is not None for r in one["rounds"])
@@ -61,7 +64,9 @@ def test_sampled_subsets_and_sparse_evaluation_have_the_same_metrics(grid_factor
     """Training and evaluation samples that differ (evaluation-only messages for clients not
     training next round) and evaluation every 2 rounds: the same metrics, and no client gets
     more than one message in any round but the last."""
-    cfg = {**run_config(method=method, num_server_rounds=5, local_epochs=1, fraction_train=0.5, fraction_evaluate=0.5, evaluate_every=2)}
+    cfg = run_config(
+        method=method, num_server_rounds=5, local_epochs=1, fraction_train=0.5, fraction_evaluate=0.5, evaluate_every=2, samples_per_client=SAMPLES
+    )
     (two, _), (one, grid) = _both(grid_factory, tmp_path, cfg, clients=4)
     assert _metrics(one) == _metrics(two)
     assert [r["evaluated"] for r in one["rounds"]] == [0, 2, 0, 2, 4]
@@ -196,7 +201,7 @@ def test_a_riding_evaluation_that_fails_keeps_the_training_and_counts_in_its_own
             raise RuntimeError("out of memory in evaluation")
         return real(self, context, config, arrays)
 
-    cfg = {**run_config(method=method, num_server_rounds=3, local_epochs=1), **declarations()[method].example}
+    cfg = {**run_config(method=method, num_server_rounds=3, local_epochs=1, samples_per_client=SAMPLES), **declarations()[method].example}
     clean, _ = _run(grid_factory, tmp_path / "clean", cfg)
     monkeypatch.setattr(runtime_class, "evaluation", fails_once)
     doc, grid = _run(grid_factory, tmp_path / "failing", cfg)
