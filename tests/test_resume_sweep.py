@@ -23,8 +23,8 @@ from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
 from pflower.config import load_settings
 from pflower.methods import declarations
-from pflower.strategies import loop
 from pflower.state_round import MissingStateError
+from pflower.strategies import loop
 from pflower.strategies.federation import Federation
 
 #: The ClientApp's module (the package exports the ClientApp under the same name).
