@@ -9,7 +9,9 @@ round's saved state; if it is not found the client does not train or evaluate: i
 a :class:`MissingStateError`, and the server stops the run with the client's one line.
 
 A round whose reply was rejected by the gate counts: the client saved the state it trained,
-and a SuperNode that kept running goes on from it, so a resumed run does too.
+and a SuperNode that kept running goes on from it, so a resumed run does too. A reply that
+never came back leaves the server naming an older round: the client keeps every file from the
+round its message names on, so that round is still there.
 
 Standard library only: the server's modules use it without the ClientApp's imports.
 """

@@ -123,6 +123,12 @@ def test_state_store_keeps_the_newest_rounds_and_loads_before_a_round(tmp_path):
     got = store.load("abc", before_round=4)
     assert torch.equal(from_record(got["personal"])["w"], torch.full((2,), 2.0)) and got["meta"]["r"] == 2
     assert store.load("abc", before_round=2) is None and store.load("other", before_round=9) is None
+    for rnd in (5, 6, 7):  # the server has had no reply since round 2's: it names round 2 in each message
+        store.save("abc", rnd, state, pinned=2)
+    files = sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir())
+    assert files == [f"round-{r:06d}.pt" for r in (2, 4, 5, 6, 7)]
+    store.save("abc", 8, state, pinned=7)
+    assert sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir()) == [f"round-{r:06d}.pt" for r in (7, 8)]
 
 
 def test_state_store_loads_exactly_the_round_named_or_says_what_it_searched(tmp_path):

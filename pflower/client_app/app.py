@@ -188,7 +188,7 @@ class Runtime:
     def save(self, context: Context, msg: Message) -> None:
         context.state[PERSONAL] = to_record(self.model.state_dict())
         if lineage := _lineage(msg):
-            self.store(context).save(lineage, _round(msg), context.state)
+            self.store(context).save(lineage, _round(msg), context.state, _state_round(_config(msg)))
 
     def seed(self, server_round: int, stream: int = 0) -> int:
         """Seed of this client's minibatch order in this round (``stream`` 1: evaluation's fine-tuning)."""

@@ -64,20 +64,24 @@ class StateStore:
     def _dir(self, root: Path, lineage: str) -> Path:
         return root / lineage / f"client-{self.client_id}"
 
-    def _write(self, d: Path, server_round: int, payload: bytes) -> Path:
+    def _write(self, d: Path, server_round: int, payload: bytes, pinned: int | None = None) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"round-{server_round:06d}.pt"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(payload)
         os.replace(tmp, path)
         for old in sorted(d.glob("round-*.pt"))[:-KEEP]:
-            old.unlink(missing_ok=True)
+            if pinned is None or int(old.stem.split("-")[1]) < pinned:
+                old.unlink(missing_ok=True)
         return path
 
-    def save(self, lineage: str, server_round: int, state: RecordDict) -> Path:
+    def save(self, lineage: str, server_round: int, state: RecordDict, pinned: int | None = None) -> Path:
+        """Write the state after ``server_round``; keep the newest :data:`KEEP` files and every
+        one from ``pinned`` on (the round the server named in this message: while the server has
+        not received a newer training reply, a resume names that round)."""
         buf = io.BytesIO()
         torch.save(_plain(state), buf)
-        return self._write(self._dir(self.roots[0], lineage), server_round, buf.getvalue())
+        return self._write(self._dir(self.roots[0], lineage), server_round, buf.getvalue(), pinned)
 
     def _link(self, lineage: str) -> None:
         """Name this run's fallbacks in its root's lineage folder (once; atomic)."""
