@@ -123,6 +123,75 @@ def test_state_store_keeps_the_newest_rounds_and_loads_before_a_round(tmp_path):
     got = store.load("abc", before_round=4)
     assert torch.equal(from_record(got["personal"])["w"], torch.full((2,), 2.0)) and got["meta"]["r"] == 2
     assert store.load("abc", before_round=2) is None and store.load("other", before_round=9) is None
+    for rnd in (5, 6, 7):  # the server has had no reply since round 2's: it names round 2 in each message
+        store.save("abc", rnd, state, pinned=2)
+    files = sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir())
+    assert files == [f"round-{r:06d}.pt" for r in (2, 4, 5, 6, 7)]
+    store.save("abc", 8, state, pinned=7)
+    assert sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir()) == [f"round-{r:06d}.pt" for r in (7, 8)]
+
+
+def test_state_store_loads_exactly_the_round_named_or_says_what_it_searched(tmp_path):
+    """``load_round`` takes the round's file from the chain of roots (copied forward), never a
+    neighbour's; without it, one line names the client, lineage, round, folders and what it found."""
+    from pflower.state_round import MissingStateError
+
+    old = StateStore(4, tmp_path / "old")
+    for rnd in (2, 3):
+        old.save("L", rnd, RecordDict({"personal": to_record({"w": torch.full((1,), float(rnd))})}))
+    store = StateStore(4, tmp_path / "new", tmp_path / "old")
+    assert torch.equal(from_record(store.load_round("L", 2)["personal"])["w"], torch.full((1,), 2.0))
+    assert (tmp_path / "new" / "L" / "client-4" / "round-000002.pt").is_file()
+    with pytest.raises(MissingStateError) as err:
+        store.load_round("L", 5)
+    assert str(err.value).startswith("client 4 has no saved state of round 5 (lineage L)")
+    assert f"searched {tmp_path / 'new' / 'L' / 'client-4'}, {tmp_path / 'old' / 'L' / 'client-4'}; found only rounds [2, 3]" in str(err.value)
+    with pytest.raises(MissingStateError, match="found none. It does not train from another state: put state-dir on a shared filesystem"):
+        StateStore(9, tmp_path / "new").load_round("L", 1)
+
+
+def test_the_round_each_client_last_trained_in_is_sent_and_checkpointed(tmp_path, grid_factory):
+    """Each message names the round in which its client last trained (0: never), as the messages
+    sent so far say; the checkpoint keeps those rounds and a resumed strategy has them back."""
+    from pflower.state_round import STATE_ROUND
+
+    cfg = run_config(method="fedper", num_server_rounds=3, local_epochs=1, samples_per_client=60, fraction_train=0.34, results_dir=str(tmp_path / "a"))
+    grid = grid_factory(cfg, 3)
+    strategy = build_strategy(load_settings(cfg))
+    strategy.start(grid=grid)
+    client = {n: c.node_config["partition-id"] for n, c in grid.contexts.items()}
+    last: dict[int, int] = {}
+    for msg in grid.sent:  # in the order sent: trainings of a round before its evaluations
+        if msg.metadata.message_type == "query":
+            continue
+        cid = client[msg.metadata.dst_node_id]
+        for name in ("config", "evaluate"):  # its own, and the evaluation riding on it
+            if name in msg.content.config_records:
+                assert msg.content[name][STATE_ROUND] == last.get(cid, 0), (msg.metadata.message_type, name, msg.content[name]["server-round"], cid)
+        if msg.metadata.message_type == "train":
+            last[cid] = msg.content["config"]["server-round"]
+    assert len(set(last.values())) > 1 and strategy.federation.trained == last
+    ckpt = load_checkpoint(load_settings({**cfg, "resume-from": str(tmp_path / "a"), "results-dir": str(tmp_path / "b")}))
+    assert ckpt.strategy["trained-in"] == last
+    resumed = build_strategy(load_settings(cfg))
+    resumed.federation.load_state_dict(ckpt.strategy)
+    assert resumed.federation.trained == last
+
+
+def test_a_checkpoint_older_than_state_round_names_no_round(tmp_path):
+    """A checkpoint without the rounds clients last trained in: messages name none, and the
+    clients restore the newest state saved before the round, as before the key."""
+    from flwr.app import ConfigRecord as Config
+
+    from pflower.state_round import STATE_ROUND
+    from pflower.strategies.federation import Federation
+
+    federation = Federation()
+    federation.node_of, federation.client_of = {0: 10}, {10: 0}
+    federation.load_state_dict({"num-clients": 1, "num-examples": {0: 5}})
+    federation.trained_in(3, [0])
+    (msg,) = federation.messages([0], "train", {0: ArrayRecord()}, Config({"server-round": 4}))
+    assert federation.trained is None and STATE_ROUND not in msg.content["config"]
 
 
 def test_state_found_in_a_fallback_root_is_copied_forward(tmp_path):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from conftest import InProcessGrid, representatives, run_config
@@ -21,6 +23,7 @@ from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
 from pflower.config import load_settings
 from pflower.methods import declarations
+from pflower.state_round import MissingStateError
 from pflower.strategies import loop
 from pflower.strategies.federation import Federation
 
@@ -43,13 +46,19 @@ class Crash(Exception):
     """The ServerApp process died."""
 
 
-_FULL: dict[tuple[str, str], dict] = {}
+_FULL: dict[tuple[str, str], tuple[dict, Path]] = {}
 
 
 def _uninterrupted(tmp_path_factory, method: str, schedule: str) -> dict:
     """The run without faults (once per process for each method and schedule)."""
+    return _full_run(tmp_path_factory, method, schedule)[0]
+
+
+def _full_run(tmp_path_factory, method: str, schedule: str) -> tuple[dict, Path]:
+    """The run without faults: its metrics.json and its results-dir (never to be changed)."""
     if (method, schedule) not in _FULL:
-        _FULL[method, schedule] = _run(_config(method, schedule, tmp_path_factory.mktemp("full")))
+        results = tmp_path_factory.mktemp("full")
+        _FULL[method, schedule] = (_run(_config(method, schedule, results)), results)
     return _FULL[method, schedule]
 
 
@@ -126,6 +135,64 @@ def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_p
     assert _rows(doc) == _rows(full)
     assert doc["final"] == full["final"]
     assert all(not r["rejected"] for r in doc["rounds"]), [r["rejected"] for r in doc["rounds"]]
+
+
+def _resumed_without(tmp_path, tmp_path_factory, method: str, schedule: str, remove) -> tuple[int, int, Path]:
+    """A copy of the uninterrupted run, one more round asked of it: ``remove(states, trained)``
+    deletes saved state files of the copy (``states``: the copy's lineage folder, ``trained``:
+    the checkpoint's round each client last trained in) and returns the client and the round
+    it needs. Every client gets a message in the added round (the last round's evaluation)."""
+    _, results = _full_run(tmp_path_factory, method, schedule)
+    was = tmp_path / "was"
+    shutil.copytree(results, was)
+    ckpt = load_checkpoint(load_settings({**_config(method, schedule, tmp_path / "resumed"), "resume-from": str(was)}))
+    client, needed = remove(was / "client-state" / ckpt.lineage, ckpt.strategy["trained-in"])
+    _new_process()
+    return client, needed, tmp_path / "resumed"
+
+
+def _stops(method: str, schedule: str, resumed: Path, client: int, needed: int, was: Path) -> None:
+    """Resuming stops before the added round writes any row, naming the client, round and folder."""
+    rounds = SCHEDULES[schedule]["num-server-rounds"]
+    cfg = _config(method, schedule, resumed, **{"resume-from": str(was), "num-server-rounds": rounds + 1})
+    with pytest.raises(MissingStateError, match=rf"^client {client} has no saved state of round {needed} \(lineage") as err:
+        _run(cfg)
+    assert str(was / "client-state") in str(err.value) and "state-dir on a shared filesystem" in str(err.value)
+    written = resumed / "metrics.json"
+    assert not written.is_file() or max(r["round"] for r in json.loads(written.read_text())["rounds"]) <= rounds
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_resume_without_a_clients_saved_states_stops_naming_it(tmp_path, tmp_path_factory, method, schedule):
+    """The client that trained last has no saved state at all where the resumed run looks (a
+    run moved to another node, a wiped state-dir): the run stops with its line instead of going
+    on with that client reset to its initial state."""
+
+    def remove(states: Path, trained: dict) -> tuple[int, int]:
+        client = max(trained, key=lambda c: (trained[c], c))
+        shutil.rmtree(states / f"client-{client}")
+        return client, trained[client]
+
+    client, needed, resumed = _resumed_without(tmp_path, tmp_path_factory, method, schedule, remove)
+    _stops(method, schedule, resumed, client, needed, tmp_path / "was")
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_resume_with_only_an_older_saved_state_stops_naming_it(tmp_path, tmp_path_factory, method, schedule):
+    """A client's newest saved state is gone but an older one is there: the run stops rather
+    than let the client go on from the older state."""
+
+    def remove(states: Path, trained: dict) -> tuple[int, int]:
+        kept = {c: sorted((states / f"client-{c}").glob("round-*.pt")) for c in trained}
+        client = next(c for c in sorted(trained) if len(kept[c]) > 1)
+        assert kept[client][-1].name == f"round-{trained[client]:06d}.pt"
+        kept[client][-1].unlink()
+        return client, trained[client]
+
+    client, needed, resumed = _resumed_without(tmp_path, tmp_path_factory, method, schedule, remove)
+    _stops(method, schedule, resumed, client, needed, tmp_path / "was")
 
 
 class RestartingGrid(InProcessGrid):

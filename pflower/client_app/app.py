@@ -41,6 +41,7 @@ from pflower.datasets.sources import DataError
 from pflower.device import deterministic_kernels, device
 from pflower.records import from_record, received_state, to_record
 from pflower.sharing import GradualSharing
+from pflower.state_round import STATE_ROUND, MissingStateError
 
 
 def _deterministic(msg: Message, context: Context, call_next) -> Message:
@@ -69,11 +70,12 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
 
 
 #: What a client may find wrong with its data or settings: each is its own clear message.
-DATA_PROBLEMS = (DataError, FolderError, PartitionError, StateError)
+DATA_PROBLEMS = (DataError, FolderError, PartitionError, StateError, MissingStateError)
 
 
 def _named_failures(msg: Message, context: Context, call_next) -> Message:
-    """A problem with the client's data (unreadable file, a partition it cannot fill) is answered
+    """A problem with the client's data (unreadable file, a partition it cannot fill, a saved
+    state the server names that is not there) is answered
     with one line naming it, as an error reply: the server prints that line, and no engine logs
     a traceback of a message that was never a bug."""
     try:
@@ -147,15 +149,19 @@ class Runtime:
             return StateStore(self.client_id, Path(str(root)).expanduser().resolve())
         return StateStore(self.client_id, *self.settings.state_paths)
 
-    def personal_model(self, context: Context, lineage: str, after_round: int) -> nn.Module:
+    def personal_model(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> nn.Module:
         """The cached model loaded with this client's personal state (or the initial one).
 
         A context without personal state (a resumed run, a restarted SuperNode) first restores
         the one saved in ``lineage`` as round ``after_round`` left it: the state a message of
         round ``after_round + 1`` trains from, and the one an evaluation of ``after_round`` measures.
+        The server names it (``state_round``, :mod:`pflower.state_round`): exactly that round's
+        file, or :class:`~pflower.state_round.MissingStateError`; 0: the client never trained,
+        its initial state. None (a checkpoint older than the key): the newest saved before.
         """
-        if PERSONAL not in context.state and lineage:
-            saved = self.store(context).load(lineage, after_round + 1)
+        if PERSONAL not in context.state and lineage and state_round != 0:
+            store = self.store(context)
+            saved = store.load(lineage, after_round + 1) if state_round is None else store.load_round(lineage, state_round)
             for name, record in (saved or {}).items():
                 context.state[name] = record
             if saved is not None:
@@ -170,7 +176,7 @@ class Runtime:
         saved); ``config`` is the evaluation's: its round, and the state it names (``STATE_AFTER``:
         a context without one restores it)."""
         rnd = int(config.get("server-round", 0))
-        model = self.personal_model(context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)))
+        model = self.personal_model(context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)), _state_round(config))
         trained = PERSONAL in context.state
         model.load_state_dict(received_state(arrays, model.state_dict()), strict=False)
         if epochs := self.method.finetune_epochs:
@@ -182,7 +188,7 @@ class Runtime:
     def save(self, context: Context, msg: Message) -> None:
         context.state[PERSONAL] = to_record(self.model.state_dict())
         if lineage := _lineage(msg):
-            self.store(context).save(lineage, _round(msg), context.state)
+            self.store(context).save(lineage, _round(msg), context.state, _state_round(_config(msg)))
 
     def seed(self, server_round: int, stream: int = 0) -> int:
         """Seed of this client's minibatch order in this round (``stream`` 1: evaluation's fine-tuning)."""
@@ -273,6 +279,11 @@ def _round(msg: Message) -> int:
     return int(_config(msg).get("server-round", 0))
 
 
+def _state_round(config: ConfigRecord) -> int | None:
+    """The round whose saved state the server says this client starts from (None: it names none)."""
+    return int(config[STATE_ROUND]) if STATE_ROUND in config else None
+
+
 def _lineage(msg: Message) -> str:
     """The run lineage the server sent (shared by a run and its resumptions); '' if none."""
     return str(_config(msg).get("lineage", ""))
@@ -305,7 +316,7 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     rt = runtime(context, msg)
-    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1)
+    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
     rt.method.start_round(_round(msg))
@@ -335,7 +346,7 @@ def relay(msg: Message, context: Context) -> Message:
     and to disk after the last step of a round.
     """
     rt = runtime(context, msg)
-    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1)
+    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
     phase = str(_config(msg).get("phase", ""))
     rt.method.start_round(_round(msg))
     out = rt.method.relay_step(phase, model, rt.train, msg.content, context.state, rt.client_id, rt.num_clients, _round(msg))

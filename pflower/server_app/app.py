@@ -15,11 +15,12 @@ from pflower.config import ConfigError, check_data, check_held, check_server, lo
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
 from pflower.run_folder import FolderBusyError, claimed, clear_run
+from pflower.state_round import MissingStateError
 from pflower.strategies.federation import Federation, NoClientsError
 from pflower.strategies.loop import RoundFailedError
 
 #: Failures whose message says everything: logged as one ERROR line, without a traceback.
-CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError)
+CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError, MissingStateError)
 
 app = ServerApp()
 
@@ -60,6 +61,6 @@ def main(grid: Grid, context: Context) -> None:
                 strategy.start(grid=grid, checkpoint=checkpoint, train_config=config, evaluate_config=config)
             else:
                 build_strategy(settings).start(grid=grid, checkpoint=checkpoint)
-    except CLEAR_FAILURES as err:  # bad keys or resume-from, too few valid replies, no clients
+    except CLEAR_FAILURES as err:  # bad keys or resume-from, too few valid replies, no clients, a client's state missing
         log(ERROR, "%s", err)
         raise

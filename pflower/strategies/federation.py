@@ -10,6 +10,9 @@
   and the clients that did not answer (or whose node Flower reports gone). An evaluation held
   back with :meth:`Federation.hold` goes with the next phase (:mod:`pflower.single_message`),
   addressed to its clients' nodes as they are then.
+- Saved states: the round in which each client last trained (:attr:`Federation.trained`), sent
+  in every message as ``state-round`` (:mod:`pflower.state_round`); a client that answers that
+  its saved state of that round is not there stops the run (:class:`MissingStateError`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pflower import reply_metrics, single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
 from pflower.datasets.shift import DOMAIN
 from pflower.records import payload_bytes
+from pflower.state_round import STATE_ROUND, MissingStateError, missing_state
 from pflower.strategies.held import HeldEvaluation
 from pflower.strategies.validation import Rejected, check_reply
 
@@ -138,6 +142,9 @@ class Federation:
         self.riders: set[int] = set()  # clients that evaluate a riding evaluation first (they said so)
         self.held: HeldEvaluation | None = None  # an evaluation for the next phase
         self.sent_held: HeldEvaluation | None = None  # the one the last phase took, with its replies
+        #: Client id -> the round of its last training reply (it saved its state then); None: a
+        #: checkpoint older than ``state-round`` did not say, and the messages name no round.
+        self.trained: dict[int, int] | None = {}
 
     @property
     def ids(self) -> list[int]:
@@ -306,15 +313,30 @@ class Federation:
         entropy = [self.seed, server_round] + ([purpose] if purpose else [])
         return sorted(np.random.default_rng(entropy).choice(ids, size=k, replace=False).tolist())
 
+    def pin(self, client: int) -> dict[str, int]:
+        """The ``state-round`` entry of ``client``'s messages (none if the rounds are unknown)."""
+        return {} if self.trained is None else {STATE_ROUND: self.trained.get(client, 0)}
+
+    def answered(self, replies: Iterable[Message]) -> list[int]:
+        """The clients of ``replies`` that are not error replies."""
+        return [cid for r in replies if not r.has_error() and (cid := self.client_of.get(r.metadata.src_node_id)) is not None]
+
+    def trained_in(self, server_round: int, clients: Iterable[int]) -> None:
+        """Note ``server_round`` for ``clients``, whose training reply came back (not an error):
+        their ClientApp saved its state of that round before it answered."""
+        if self.trained is not None:
+            self.trained.update(dict.fromkeys(clients, server_round))
+
     def messages(
         self, ids: Iterable[int], kind: str, arrays: Mapping[int, ArrayRecord] | Callable[[int], ArrayRecord], config: ConfigRecord,
         extras: Mapping[int, Mapping] | None = None,
     ) -> list[Message]:  # fmt: skip
-        """One message of type ``kind`` per client: its arrays, the config, and its ``extras`` records."""
+        """One message of type ``kind`` per client: its arrays, the config with its ``state-round``
+        (:meth:`pin`), and its ``extras`` records."""
         get = arrays if callable(arrays) else arrays.__getitem__
         extras = extras or {}
-        return [Message(RecordDict({"arrays": get(cid), "config": config, **extras.get(cid, {})}), dst_node_id=self.node_of[cid],
-                        message_type=kind) for cid in ids]  # fmt: skip
+        return [Message(RecordDict({"arrays": get(cid), "config": ConfigRecord({**config, **self.pin(cid)}), **extras.get(cid, {})}),
+                        dst_node_id=self.node_of[cid], message_type=kind) for cid in ids]  # fmt: skip
 
     def hold(self, evaluation: HeldEvaluation) -> None:
         """Hold ``evaluation`` back for the next phase: each of its messages rides on its client's
@@ -360,6 +382,7 @@ class Federation:
         replies = send_and_receive(grid, messages, timeout, window_for(grid))
         replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
         up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
+        self._stop_if_a_state_is_missing(replies)
         answered = {(r.metadata.src_node_id, r.metadata.message_type) for r in replies}
         missing = sorted({c for key, c in to.items() if key not in answered and c is not None})
         if held is not None:
@@ -375,13 +398,28 @@ class Federation:
                         held.replies.append(ev)
                 own.append(r)
             replies = own
+            self._stop_if_a_state_is_missing(held.replies)
             answered_ev = {r.metadata.src_node_id for r in held.replies}
             held.missing = sorted({c for c in held.clients if self.node_of.get(c) not in answered_ev})
             self.sent_held = held
         return Phase(replies, down, up, missing)
 
+    @staticmethod
+    def _stop_if_a_state_is_missing(replies: Iterable[Message]) -> None:
+        """A client whose saved state is not there never trains or evaluates from another one:
+        the run stops with its line (:class:`MissingStateError`)."""
+        for r in replies:
+            if r.has_error() and (line := missing_state(r.error.reason)) is not None:
+                raise MissingStateError(line)
+
     def state_dict(self) -> dict:
-        return {"num-clients": self.num_clients, "num-examples": dict(self.num_examples)}
+        trained = {} if self.trained is None else {"trained-in": dict(self.trained)}
+        return {"num-clients": self.num_clients, "num-examples": dict(self.num_examples), **trained}
 
     def load_state_dict(self, state: dict) -> None:
         self.num_examples.update(state["num-examples"])
+        if "trained-in" in state:
+            self.trained = {int(c): int(r) for c, r in state["trained-in"].items()}
+        else:
+            log(WARNING, "The checkpoint predates state-round: clients restore the newest state they saved before the round, unchecked")
+            self.trained = None

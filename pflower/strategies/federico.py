@@ -109,7 +109,7 @@ class FedericoRelay(PflStrategy):
         msgs = []
         for cid in sorted(contents):
             content = contents[cid]
-            content["config"] = ConfigRecord({**config, "phase": phase})
+            content["config"] = ConfigRecord({**config, "phase": phase, **self.federation.pin(cid)})
             msgs.append(Message(content, dst_node_id=self.federation.node_of[cid], message_type=RELAY))
         out_phase = self.federation.phase(grid, msgs, self.round_timeout)
         del msgs
@@ -190,6 +190,7 @@ class FedericoRelay(PflStrategy):
         del used
         updated = self._step(grid, rnd, "update", update, cfg, traffic, missing)
         del update
+        self.federation.trained_in(rnd, updated)  # the last step's replies: each saved its state
         if len(updated) < self.min_replies:
             why = "; ".join(self.gate.problems[:5]) or "no replies"
             raise RoundFailedError(f"round {rnd}: {len(updated)} clients finished the round, fewer than min-replies={self.min_replies}: {why}")

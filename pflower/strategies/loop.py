@@ -447,6 +447,7 @@ class TrainRounds(PflStrategy):
         sampled = len(msgs)
         phase = self.federation.phase(grid, msgs, self.round_timeout)
         del msgs  # sent: free them before aggregation
+        self.federation.trained_in(rnd, self.federation.answered(phase.replies))
         arrays, train_metrics = self.aggregate_train(rnd, phase.replies)
         if train_metrics["replies"] < self.min_replies:
             raise RoundFailedError(self._failure(rnd, sampled, int(train_metrics["replies"]), phase.missing))
