@@ -52,6 +52,7 @@ from sim_speed import plain_loop, run_config  # noqa: E402
 
 from pflower.bench import run_config_string  # noqa: E402
 from pflower.config import load_settings  # noqa: E402
+from pflower.results import outcome  # noqa: E402
 
 VARIANTS = ("pflower", "stock", "floor", "plain-1", "plain-2")
 LABELS = {
@@ -82,7 +83,7 @@ def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: 
     if not variant.startswith("pflower"):
         return _round_seconds("stock", results), None
     rows = json.loads((results / "metrics.json").read_text())["rounds"]
-    return [r["wall-seconds"] for r in rows], [{k: v for k, v in r.items() if "seconds" not in k} for r in rows]
+    return [r["wall-seconds"] for r in rows], [outcome(r) for r in rows]
 
 
 def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> tuple[list[float], list[dict] | None]:
@@ -198,7 +199,10 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"load": load, "runs": {str(n): by for n, by in runs.items()}, "metrics": metrics}, indent=1))
     same = {n: len({json.dumps(m, sort_keys=True) for k, m in metrics.items() if k.split()[1] == str(n)}) for n in args.clients}
-    print("pflower's metrics (without timings) alike across its runs: " + ", ".join(f"{n} clients {'yes' if c <= 1 else 'NO'}" for n, c in same.items()))
+    print(
+        "pflower's metrics (without timings and Ray nodes) alike across its runs: "
+        + ", ".join(f"{n} clients {'yes' if c <= 1 else 'NO'}" for n, c in same.items())
+    )
     if args.figure:
         draw(table, args.figure, f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, no GPU, load {min(load):.0f}-{max(load):.0f}")
         print(f"figure: {args.figure}")
