@@ -217,11 +217,23 @@ def make_record(
 PLACES = ("data-dir", "results-dir")
 
 
+def client_errors(doc: dict[str, Any]) -> int:
+    """Error replies in a record or metrics.json: clients that crashed (an exception, a worker
+    Ray killed for memory), not a reply the method's gate judged."""
+    return sum(int((r.get("rejected") or {}).get("client-error", 0)) for r in doc.get("rounds", []))
+
+
 def matches(run: Run, doc: dict[str, Any]) -> bool:
-    """Whether a record or metrics.json is of ``run``: all its rounds, its final metrics, and every
-    key of the run's config (but places) as the suite says it now."""
+    """Whether a record or metrics.json is of ``run``: all its rounds, its final metrics, every
+    key of the run's config (but places) as the suite says it now, and no client that crashed
+    (such a run measures the machine, not the method: it runs again)."""
     config = doc.get("config", {})
-    return len(doc.get("rounds", [])) >= run.rounds and "final" in doc and all(config.get(k) == v for k, v in run.config.items() if k not in PLACES)
+    return (
+        len(doc.get("rounds", [])) >= run.rounds
+        and "final" in doc
+        and client_errors(doc) == 0
+        and all(config.get(k) == v for k, v in run.config.items() if k not in PLACES)
+    )
 
 
 def _read(path: Path) -> dict[str, Any] | None:

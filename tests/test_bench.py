@@ -9,7 +9,7 @@ import pytest
 from conftest import in_process_rounds
 from data_files import write_femnist, write_shakespeare
 
-from pflower.bench import RECORDS, ROOT, data_fingerprint, execute, finished, load_suite, main, make_record, ordering_sentence, report, suite_page
+from pflower.bench import RECORDS, ROOT, data_fingerprint, execute, finished, load_record, load_suite, main, make_record, ordering_sentence, report, suite_page
 from pflower.config import load_settings
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
@@ -246,6 +246,28 @@ def test_a_record_or_results_dir_of_another_config_or_cut_short_is_not_finished(
     (results / "tiny" / "g" / "local" / "seed0" / "bench.json").write_text('{"wall-sec')
     assert finished(runs[0], results, records, "tiny")  # its record was written before
     assert not finished(runs[1], results, records, "tiny")  # local seed1: no round
+
+
+def test_a_run_whose_clients_crashed_is_no_record_and_runs_again(tmp_path):
+    """Error replies (a client's exception, a worker Ray killed for memory) in any round: the
+    results-dir gets no record, and a record that has them (made before this rule) is not
+    finished either; replies the gate rejected for what they held still count."""
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results, records = tmp_path / "results", tmp_path / "records"
+    _, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    crashed, judged = runs[0], runs[1]
+    for run, rejected in ((crashed, {"client-error": 2}), (judged, {"non-finite": 1})):
+        d = run.directory(results, "tiny")
+        _fake_run(d, 0.5)
+        doc = json.loads((d / "metrics.json").read_text())
+        doc["rounds"][0]["rejected"] = rejected
+        (d / "metrics.json").write_text(json.dumps(doc))
+    assert not finished(crashed, results, records, "tiny") and not crashed.record(records, "tiny").exists()
+    assert finished(judged, results, records, "tiny")
+    doc = json.loads(judged.record(records, "tiny").read_text())
+    doc["rounds"][0]["rejected"] = {"client-error": 1}
+    judged.record(records, "tiny").write_text(json.dumps(doc))
+    assert load_record(judged, records, "tiny") is None
 
 
 def test_a_grid_without_records_shows_its_command_and_no_table(tmp_path, capsys):
