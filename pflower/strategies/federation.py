@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 
 from pflower import reply_metrics, single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
@@ -65,7 +65,10 @@ TRAIN_SAMPLE, EVALUATE_SAMPLE = 0, 1
 def window_for(grid: Grid) -> int | None:
     """How many messages of a phase may be in flight at once on ``grid``: :data:`SIMULATION_WINDOW`
     on Flower's in-memory grid (the simulation engine), None (all at once) on any other."""
-    return SIMULATION_WINDOW if isinstance(grid, InMemoryGrid) else None
+    # Not imported here: Flower's in-memory grid brings its LinkState (1.3 s per process). A grid
+    # of that class exists only where its module was loaded.
+    module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+    return SIMULATION_WINDOW if module is not None and isinstance(grid, module.InMemoryGrid) else None
 
 
 def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, window: int | None = None) -> list[Message]:
