@@ -8,6 +8,7 @@ sends goes through :func:`to_record` (to the CPU), what it receives through :fun
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -45,10 +46,14 @@ def _ndarray(a: Array) -> np.ndarray:
             dtype, shape = np.dtype(a.dtype), tuple(a.shape)
         except TypeError:
             dtype = None
-        if dtype is not None and not dtype.hasobject:
-            head = _npy_header(dtype, shape)
-            if a.data.startswith(head) and len(a.data) - len(head) == dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-                return np.frombuffer(a.data, dtype, offset=len(head)).reshape(shape).copy()
+        # The declared shape comes from whoever sent the record: only one whose data the bytes
+        # hold is ever built (a header of it allocates an array of that shape).
+        if dtype is not None and not dtype.hasobject and all(type(d) is int and d >= 0 for d in shape):
+            size = dtype.itemsize * math.prod(shape)
+            if size < len(a.data):
+                head = _npy_header(dtype, shape)
+                if len(head) + size == len(a.data) and a.data.startswith(head):
+                    return np.frombuffer(a.data, dtype, offset=len(head)).reshape(shape).copy()
     return np.array(a.numpy(), copy=True)
 
 

@@ -1,6 +1,7 @@
 """State dict <-> ArrayRecord conversion, payload bytes, and flat stacking."""
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -60,3 +61,14 @@ def test_arrays_are_flowers_byte_for_byte_and_read_back_as_np_load_reads_them():
     assert np.array_equal(_ndarray(Array(fortran)), fortran)
     a = Array(np.random.rand(3, 4))
     assert _ndarray(Array(dtype=a.dtype, shape=(4, 3), stype=a.stype, data=a.data)).shape == (3, 4)  # the header's, as np.load
+
+
+def test_a_declared_shape_the_bytes_do_not_hold_is_refused_without_allocating_it():
+    """A hostile record declares a huge, negative or overflowing shape over a few bytes: the
+    conversion fails as Flower's does (ValueError), never by building an array of that shape."""
+    from flwr.app import Array, ArrayRecord
+
+    for shape in [(10**6, 10**6), (-1,), (2**40, 2**40), (3,)]:
+        array = Array(dtype="float32", shape=shape, stype="numpy.ndarray", data=b"\x93NUMPY" + b"0" * 100)
+        with pytest.raises(ValueError):
+            from_record(ArrayRecord({"w": array}))
