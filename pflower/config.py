@@ -244,6 +244,12 @@ class Settings(BaseModel):
         le=1024,
         description="torch threads per ClientApp process; fixed rather than inherited because results depend on it (one core per simulated client)",
     )
+    server_threads: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="torch threads of the ServerApp process (aggregation, checks, hypernetworks); fixed rather than inherited: more threads than free cores make its small tensor ops wait on each other while the clients train",
+    )
     gradual_interval: int = Field(
         0,
         ge=0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from logging import ERROR, INFO, WARNING
 
+import torch
 from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
@@ -43,6 +44,7 @@ def main(grid: Grid, context: Context) -> None:
     deterministic_kernels()  # the server trains too (pFedLA's and pFedHN's hypernetworks)
     try:
         settings = load_settings(context.run_config)
+        torch.set_num_threads(settings.server_threads)
         check_server(settings)
         with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
             check_held(settings)
