@@ -35,7 +35,7 @@ import torch
 from fedbn_shift import own_and_averaged  # bench/, beside this script
 
 from pflower.build import build_model
-from pflower.client_app.store import _records
+from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
 from pflower.datasets import client_data, federated_indices, global_test
 from pflower.models.layers import layers
@@ -242,8 +242,7 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
         shared = shared if isinstance(shared, dict) else from_record(shared)
         union = global_test(settings, n)
         for c in range(n):
-            saved = sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"))[-1]
-            personal = from_record(_records(torch.load(saved, weights_only=False))["personal"])
+            personal = from_record(decode(newest_saved(run / "client-state", c).read_bytes())["personal"])
             model.load_state_dict(personal)
             model.load_state_dict({k: v for k, v in shared.items() if k in personal}, strict=False)
             test = client_data(settings, c, n)[1]
@@ -268,10 +267,9 @@ def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
         shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
         shared = shared if isinstance(shared, dict) else from_record(shared)
         for c in range(doc["num-clients"]):
-            saved = sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"))
-            if not saved:
+            if (saved := newest_saved(run / "client-state", c)) is None:
                 continue
-            personal = from_record(_records(torch.load(saved[-1], weights_only=False))["personal"])
+            personal = from_record(decode(saved.read_bytes())["personal"])
             names = [k[len("local.") :] for k, v in personal.items() if k.startswith("local.") and v.is_floating_point() and "running" not in k]
             out.append(float(cosine_squared([shared[f"fed.{k}"] for k in names], [personal[f"local.{k}"] for k in names])))
     return out

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pflower.build import build_model
-from pflower.client_app.store import _records
+from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
 from pflower.datasets import client_data
 from pflower.models.layers import norm_keys
@@ -38,10 +38,10 @@ def final_states(run: Path, n: int) -> tuple[dict[str, torch.Tensor], list[dict[
     shared = shared if isinstance(shared, dict) else from_record(shared)
     personal = []
     for c in range(n):
-        saved = sorted((run / "client-state").glob(f"*/client-{c}/round-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
-        if not saved:
-            raise SystemExit(f"{run}: client {c} saved no state (client-state/<lineage>/client-{c}/round-*.pt)")
-        personal.append(from_record(_records(torch.load(saved[-1], weights_only=False))["personal"]))
+        saved = newest_saved(run / "client-state", c)
+        if saved is None:
+            raise SystemExit(f"{run}: client {c} saved no state (client-state/<lineage>/client-{c}/round-*)")
+        personal.append(from_record(decode(saved.read_bytes())["personal"]))
     return shared, personal
 
 

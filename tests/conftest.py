@@ -160,6 +160,18 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
+def client_state(context: Context) -> RecordDict:
+    """A client's state as its next message finds it: its context's, or the saved file the
+    context names (:data:`pflower.client_app.store.SAVED`)."""
+    from pflower.client_app.app import runtime
+    from pflower.client_app.store import SAVED
+
+    if SAVED not in context.state:
+        return context.state
+    saved = context.state[SAVED]
+    return runtime(context).store(context).load_round(str(saved["lineage"]), int(saved["round"]))
+
+
 def assert_same_state(a: dict, b: dict) -> None:
     """Two strategy state dicts are equal: tensors exactly, dicts of tensors entry by entry."""
     import torch

@@ -55,11 +55,11 @@ def test_a_damaged_image_cache_is_decoded_again(tmp_path, monkeypatch, damage):
 def test_a_truncated_client_state_is_named_not_loaded(tmp_path):
     store = StateStore(0, tmp_path / "primary", tmp_path / "old")
     StateStore(0, tmp_path / "old").save("lin", 3, RecordDict({"p": ArrayRecord({"w": torch.ones(50, 50)})}))
-    (path,) = (tmp_path / "old").rglob("round-*.pt")
+    (path,) = (tmp_path / "old").rglob("round-*.state")
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(StateError, match=f"the saved client state {path} cannot be read .*it is damaged"):
         store.load("lin", 5)
-    assert not list((tmp_path / "primary").rglob("round-*.pt"))  # the damage is not copied on
+    assert not list((tmp_path / "primary").rglob("round-*.state"))  # the damage is not copied on
 
 
 def test_download_without_a_network_is_one_line_naming_download(tmp_path, monkeypatch):

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 from conftest import assert_same_state, representatives, run_config
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from pflower.build import build_strategy
 from pflower.checkpoint import CHECKPOINT, load_checkpoint
-from pflower.client_app.store import KEEP, StateStore
+from pflower.client_app.store import KEEP, StateError, StateStore, decode, encode
 from pflower.config import ConfigError, load_settings
 from pflower.records import from_record, to_record
 
@@ -119,16 +119,90 @@ def test_state_store_keeps_the_newest_rounds_and_loads_before_a_round(tmp_path):
         state = RecordDict({"personal": to_record({"w": torch.full((2,), float(rnd))}), "meta": ConfigRecord({"r": rnd})})
         store.save("abc", rnd, state)
     files = sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir())
-    assert files == [f"round-{r:06d}.pt" for r in (2, 4)][-KEEP:]
+    assert files == [f"round-{r:06d}.state" for r in (2, 4)][-KEEP:]
     got = store.load("abc", before_round=4)
     assert torch.equal(from_record(got["personal"])["w"], torch.full((2,), 2.0)) and got["meta"]["r"] == 2
     assert store.load("abc", before_round=2) is None and store.load("other", before_round=9) is None
     for rnd in (5, 6, 7):  # the server has had no reply since round 2's: it names round 2 in each message
         store.save("abc", rnd, state, pinned=2)
     files = sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir())
-    assert files == [f"round-{r:06d}.pt" for r in (2, 4, 5, 6, 7)]
+    assert files == [f"round-{r:06d}.state" for r in (2, 4, 5, 6, 7)]
     store.save("abc", 8, state, pinned=7)
-    assert sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir()) == [f"round-{r:06d}.pt" for r in (7, 8)]
+    assert sorted(p.name for p in (tmp_path / "abc" / "client-7").iterdir()) == [f"round-{r:06d}.state" for r in (7, 8)]
+
+
+def _a_state() -> RecordDict:
+    """Every kind of record a client keeps, arrays of several dtypes and shapes included."""
+    arrays = {"w": torch.arange(6.0).reshape(2, 3), "d": torch.tensor([1.5], dtype=torch.float64), "n": torch.tensor(7), "e": torch.zeros(0, 4)}
+    return RecordDict({"personal": to_record(arrays), "tables": ConfigRecord({"ids": [3, 1], "name": "x"}), "m": MetricRecord({"a": 0.25})})
+
+
+def test_a_state_file_reads_back_exactly_and_any_cut_or_changed_byte_is_named(tmp_path):
+    """Every prefix of a state file and every file with one byte changed is refused with the
+    file's name (never read short, never as another state); the whole file reads back equal."""
+    state = _a_state()
+    data = encode(state)
+    back = decode(data)
+    assert set(back.keys()) == set(state.keys()) and dict(back["tables"]) == dict(state["tables"]) and dict(back["m"]) == dict(state["m"])
+    assert_same_state(from_record(back["personal"]), from_record(state["personal"]))
+    store = StateStore(1, tmp_path)
+    path = store.save("L", 1, state)
+    damaged = [data[:cut] for cut in range(len(data))] + [data[:i] + bytes([data[i] ^ 0x41]) + data[i + 1 :] for i in range(len(data))]
+    for bad in damaged:
+        path.write_bytes(bad)
+        with pytest.raises(StateError, match=f"the saved client state {path} cannot be read"):
+            store.load_round("L", 1)
+
+
+def test_state_files_of_earlier_versions_are_read_and_pruned_with_the_new_ones(tmp_path):
+    """``round-<r>.pt`` (``torch.save`` of each record's kind and plain values, as versions before
+    this one wrote) resumes; a round saved both ways reads the new file; pruning takes both."""
+    import io
+
+    d = tmp_path / "L" / "client-2"
+    d.mkdir(parents=True)
+    for rnd in (1, 2):
+        buf = io.BytesIO()
+        torch.save({"personal": ("arrays", {"w": torch.full((2,), float(rnd))}), "meta": ("config", {"r": rnd})}, buf)
+        (d / f"round-{rnd:06d}.pt").write_bytes(buf.getvalue())
+    store = StateStore(2, tmp_path)
+    old = store.load("L", before_round=3)
+    assert torch.equal(from_record(old["personal"])["w"], torch.full((2,), 2.0)) and old["meta"]["r"] == 2
+    assert torch.equal(from_record(store.load_round("L", 1)["personal"])["w"], torch.full((2,), 1.0))
+    store.save("L", 2, RecordDict({"personal": to_record({"w": torch.full((2,), 9.0)})}))
+    assert torch.equal(from_record(store.load_round("L", 2)["personal"])["w"], torch.full((2,), 9.0))
+    store.save("L", 3, RecordDict({"personal": to_record({"w": torch.full((2,), 3.0)})}))
+    assert sorted(p.name for p in d.iterdir()) == ["round-000002.pt", "round-000002.state", "round-000003.state"]
+    store.save("L", 4, RecordDict({"personal": to_record({"w": torch.full((2,), 4.0)})}))
+    assert sorted(p.name for p in d.iterdir()) == ["round-000003.state", "round-000004.state"]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "federico"])
+def test_a_running_client_whose_saved_state_is_gone_stops_the_run(tmp_path, grid_factory, method):
+    """Its context names the file (it keeps no copy): the file deleted between two rounds stops
+    the run with the client's line, and no client trains from another state."""
+    import shutil
+
+    from pflower.state_round import MissingStateError
+
+    cfg = {
+        **run_config(method=method, num_server_rounds=3, local_epochs=1, samples_per_client=60, results_dir=str(tmp_path / "r")),
+        **representatives().get(method, {}),
+    }
+    grid = grid_factory(cfg, 3)
+    push = grid.push_messages
+
+    def wipe_before_round_2(messages):
+        messages = list(messages)
+        if any(m.content.config_records.get("config", {}).get("server-round") == 2 for m in messages if m.has_content()):
+            shutil.rmtree(tmp_path / "r" / "client-state", ignore_errors=True)
+        return push(messages)
+
+    grid.push_messages = wipe_before_round_2
+    with pytest.raises(MissingStateError, match=r"^client \d has no saved state of round 1 \(lineage"):
+        build_strategy(load_settings(cfg)).start(grid=grid)
+    rounds = json.loads((tmp_path / "r" / "metrics.json").read_text())["rounds"] if (tmp_path / "r" / "metrics.json").exists() else []
+    assert [r["round"] for r in rounds] == [1]
 
 
 def test_state_store_loads_exactly_the_round_named_or_says_what_it_searched(tmp_path):
@@ -141,7 +215,7 @@ def test_state_store_loads_exactly_the_round_named_or_says_what_it_searched(tmp_
         old.save("L", rnd, RecordDict({"personal": to_record({"w": torch.full((1,), float(rnd))})}))
     store = StateStore(4, tmp_path / "new", tmp_path / "old")
     assert torch.equal(from_record(store.load_round("L", 2)["personal"])["w"], torch.full((1,), 2.0))
-    assert (tmp_path / "new" / "L" / "client-4" / "round-000002.pt").is_file()
+    assert (tmp_path / "new" / "L" / "client-4" / "round-000002.state").is_file()
     with pytest.raises(MissingStateError) as err:
         store.load_round("L", 5)
     assert str(err.value).startswith("client 4 has no saved state of round 5 (lineage L)")
@@ -198,7 +272,7 @@ def test_state_found_in_a_fallback_root_is_copied_forward(tmp_path):
     StateStore(1, tmp_path / "old").save("L", 3, RecordDict({"personal": ArrayRecord()}))
     store = StateStore(1, tmp_path / "new", tmp_path / "old")
     assert store.load("L", before_round=4) is not None
-    assert (tmp_path / "new" / "L" / "client-1" / "round-000003.pt").is_file()
+    assert (tmp_path / "new" / "L" / "client-1" / "round-000003.state").is_file()
 
 
 def test_bad_resumed_from_links_are_ignored_and_chains_are_bounded(tmp_path):

@@ -157,7 +157,7 @@ def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deploym
         assert doc["rounds"][-1]["accuracy"] > 0.5, doc["rounds"][-1]["per-client-accuracy"]
         assert doc["client-classes"] == {"0": [0, 1, 2, 3], "1": [4, 5, 6], "2": [7, 8, 9]}
         for i in range(3):  # each SuperNode saved its personal state in its own state-dir (node config)
-            assert list((deployment.dir / "state" / f"node{i}" / doc["lineage"]).glob("client-*/round-*.pt"))
+            assert list((deployment.dir / "state" / f"node{i}" / doc["lineage"]).glob("client-*/round-*.state"))
 
 
 @pytest.mark.xdist_group("crash")
@@ -205,7 +205,7 @@ def test_crashed_supernode_rejoins_with_its_state_and_wrong_shapes_are_rejected(
     assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5] and resumed[4]["missing"] == []
     assert resumed[4]["per-client-accuracy"]["0"] >= acc0 - 0.02  # no reset to an untrained model
     saved = dep.dir / "state" / "node0" / _metrics(first)["lineage"] / "client-0"
-    assert "round-000005.pt" in {p.name for p in saved.iterdir()}  # its state went on in its state-dir
+    assert "round-000005.state" in {p.name for p in saved.iterdir()}  # its state went on in its state-dir
     # warm: node 0's fork server was killed with it and started again with it; node 2's ClientApp
     # raised nothing but sent wrong shapes through forked children; every node stayed warm
     assert_warm(dep, "node0", starts=2)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_config
+from conftest import client_state, run_config
 from flwr.app import MessageType
 
 from pflower.build import build_model, build_strategy, client_method
@@ -138,7 +138,7 @@ def test_gradual_sharing_sends_and_aggregates_exactly_the_released_layers(grid_f
     for k in sharing.units[3]:
         assert torch.equal(strategy.global_state[k], init[k]), k
     # Unreleased layers and the local head are personal: every client has its own.
-    heads = [from_record(c.state[PERSONAL]) for c in grid.contexts.values()]
+    heads = [from_record(client_state(c)[PERSONAL]) for c in grid.contexts.values()]
     for k in ("head.weight", "local_head.weight"):
         assert not torch.equal(heads[0][k], heads[1][k]) and not torch.equal(heads[0][k], init[k])
 
@@ -167,7 +167,7 @@ def test_local_head_is_in_no_message(grid_factory, tmp_path):
             assert not [k for k in record if k.startswith("local_head.")]
     assert all(not k.startswith("local_head.") for _, keys, _ in replies for k in keys)
     assert sum(bool(keys) for _, keys, _ in replies) == 2 * N
-    assert all("local_head.weight" in from_record(c.state[PERSONAL]) for c in grid.contexts.values())
+    assert all("local_head.weight" in from_record(client_state(c)[PERSONAL]) for c in grid.contexts.values())
     assert "phase" not in doc["rounds"][0]  # no gradual sharing: everything every round
 
 

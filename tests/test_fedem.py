@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import InProcessGrid, run_config
+from conftest import InProcessGrid, client_state, run_config
 from flwr.app import RecordDict
 from torch import nn
 
@@ -215,7 +215,7 @@ def test_pi_stays_personal_and_fedem_learns_on_the_default_data(tmp_path, no_fig
     doc, _, grid = _run(tmp_path, "fedem", 3, fedem__components=2)
     acc = [r["accuracy"] for r in doc["rounds"]]
     assert acc[0] < acc[1] < acc[2] and acc[2] > acc[0] + 0.2, acc
-    pis = [from_record(ctx.state[PERSONAL])[PI] for ctx in grid.contexts.values()]
+    pis = [from_record(client_state(ctx)[PERSONAL])[PI] for ctx in grid.contexts.values()]
     assert all(float(p.sum()) == pytest.approx(1.0, abs=1e-6) and not torch.equal(p, torch.full((2,), 0.5)) for p in pis)
     assert not torch.equal(pis[0], pis[1])
     assert doc["evaluation"]["evaluates"].startswith("the mixture of the K components")

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import run_config
+from conftest import client_state, run_config
 from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 from torch import nn
 
@@ -233,7 +233,7 @@ def test_a_client_that_drops_out_leaves_every_view_and_the_rounds_go_on(grid_fac
     # round 1's evaluation went with round 2's first messages: client 5's node was gone by then
     assert all(r["missing"] == [5] for r in rounds)
     assert all(sorted(r["per-client-accuracy"]) == ["0", "1", "2", "3", "4"] for r in rounds)
-    views = {c.node_config["partition-id"]: list(c.state["federico"]["view-ids"]) for n, c in grid.contexts.items() if n != 105}
+    views = {c.node_config["partition-id"]: list(client_state(c)["federico"]["view-ids"]) for n, c in grid.contexts.items() if n != 105}
     assert all(5 not in v and len(v) > 0 for v in views.values()), views
 
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import run_config
+from conftest import client_state, run_config
 from flwr.app import ConfigRecord
 
 from pflower import training
@@ -62,7 +62,7 @@ def test_local_sends_nothing_either_way(grid_factory, tmp_path):
     msgs, replies = _train_round(strategy, grid)
     assert all(len(m.content["arrays"]) == 0 for m in msgs)
     assert all(len(r.content["arrays"]) == 0 for r in replies)
-    assert all(PERSONAL in c.state for c in grid.contexts.values())
+    assert all(PERSONAL in client_state(c) for c in grid.contexts.values())
 
 
 @pytest.mark.parametrize("method", ["fedper", "fedrep"])
@@ -72,7 +72,7 @@ def test_head_stays_personal(grid_factory, tmp_path, method):
     head = set(keys_under(_model(settings), "head"))
     assert not head & set(msgs[0].content["arrays"].keys())
     assert not head & set(replies[0].content["arrays"].keys())
-    heads = [from_record(c.state[PERSONAL])["head.weight"] for c in grid.contexts.values()]
+    heads = [from_record(client_state(c)[PERSONAL])["head.weight"] for c in grid.contexts.values()]
     assert not torch.equal(heads[0], heads[1])  # each client trained its own head
 
 
@@ -114,7 +114,7 @@ def test_a_classifier_head_moves_the_whole_fully_connected_stack_to_the_head(mon
     shared = fc if method == "lgfedavg" else conv
     assert all(set(m.content["arrays"].keys()) == shared for m in msgs)
     assert all(set(r.content["arrays"].keys()) == shared for r in replies)
-    assert fc | conv == set(from_record(next(iter(grid.contexts.values())).state[PERSONAL])) | shared
+    assert fc | conv == set(from_record(client_state(next(iter(grid.contexts.values())))[PERSONAL])) | shared
     if method == "fedrep":
         assert head_params[0] == fc and head_params[1] == conv
 
@@ -163,7 +163,7 @@ def test_fedbn_keeps_norm_layers_local(grid_factory, tmp_path):
     msgs, replies = _train_round(strategy, grid)
     local = set(norm_keys(_model(settings)))
     assert local and not local & set(replies[0].content["arrays"].keys())
-    stats = [from_record(c.state[PERSONAL])["body.1.running_mean"] for c in grid.contexts.values()]
+    stats = [from_record(client_state(c)[PERSONAL])["body.1.running_mean"] for c in grid.contexts.values()]
     assert not torch.equal(stats[0], stats[1])
 
 
@@ -301,7 +301,7 @@ def test_evaluation_protocol_as_received_or_fine_tuned(grid_factory, tmp_path, m
     settings, strategy, grid = _setup(grid_factory, tmp_path, method=method, finetune_epochs=finetune)
     _, replies = _train_round(strategy, grid)
     strategy.aggregate_train(1, replies)
-    personal = {n: from_record(ctx.state[PERSONAL]) for n, ctx in grid.contexts.items()}
+    personal = {n: from_record(client_state(ctx)[PERSONAL]) for n, ctx in grid.contexts.items()}
     msgs = strategy.configure_evaluate(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
     got = {r.metadata.src_node_id: r.content["metrics"] for r in grid.send_and_receive(msgs)}
     epochs = 1 if method == "fedavg-ft" else finetune
@@ -318,5 +318,5 @@ def test_evaluation_protocol_as_received_or_fine_tuned(grid_factory, tmp_path, m
             training.train(model, train, epochs=epochs, batch_size=settings.batch_size, lr=settings.lr, seed=seed)
         want = training.evaluate(model, test)
         assert got[node]["accuracy"] == pytest.approx(want.accuracy) and got[node]["loss"] == pytest.approx(want.loss, rel=1e-5)
-        after = from_record(grid.contexts[node].state[PERSONAL])
+        after = from_record(client_state(grid.contexts[node])[PERSONAL])
         assert all(torch.equal(after[k], v) for k, v in personal[node].items())

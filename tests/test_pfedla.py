@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import run_config
+from conftest import client_state, run_config
 from flwr.app import ConfigRecord, RecordDict
 
 from pflower.build import build_strategy
@@ -245,7 +245,7 @@ def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_
     retained layers from the client's own model: its personal state when the message came."""
     strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", heurpfedla__top_k=2)
     for rnd in (1, 2):
-        own = {strategy.federation.node_of[c]: from_record(ctx.state["personal"]) if "personal" in ctx.state else None
+        own = {strategy.federation.node_of[c]: from_record(client_state(ctx)["personal"]) if "personal" in client_state(ctx) else None
                for c, ctx in ((strategy.federation.client_of[n], grid.contexts[n]) for n in grid.contexts)}  # fmt: skip
         msgs = strategy.configure_train(rnd, strategy.global_arrays(), ConfigRecord({"server-round": rnd}), grid)
         for msg in msgs:
@@ -291,7 +291,7 @@ def test_pfedla_evaluates_the_personalized_model_as_the_server_sends_it(grid_fac
         expected = strategy.spec.unflatten(bar[cid])
         assert len(sent) == len(expected) - (2 if method == "heurpfedla" else 0)  # a retained layer: weight and bias
         assert all(torch.allclose(sent[k], expected[k]) for k in sent)
-        personal = from_record(grid.contexts[msg.metadata.dst_node_id].state["personal"])
+        personal = from_record(client_state(grid.contexts[msg.metadata.dst_node_id])["personal"])
         assert not all(torch.equal(personal[k], sent[k]) for k in sent)  # not the trained model
         got = replies[cid].content["metrics"]
         want = _evaluate_locally(cfg, cid, 3, {**personal, **sent})

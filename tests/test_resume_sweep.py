@@ -21,6 +21,7 @@ from conftest import InProcessGrid, representatives, run_config
 
 from pflower.build import build_strategy
 from pflower.checkpoint import load_checkpoint
+from pflower.client_app.store import SAVED
 from pflower.config import load_settings
 from pflower.methods import declarations
 from pflower.state_round import MissingStateError
@@ -76,7 +77,10 @@ def _new_process() -> None:
 def _run(cfg: dict, grid: InProcessGrid | None = None) -> dict:
     settings = load_settings(cfg)
     checkpoint = load_checkpoint(settings) if settings.resume_from else None
-    build_strategy(settings).start(grid=grid or InProcessGrid(client_app.app, cfg, CLIENTS), checkpoint=checkpoint)
+    grid = grid or InProcessGrid(client_app.app, cfg, CLIENTS)
+    build_strategy(settings).start(grid=grid, checkpoint=checkpoint)
+    for context in grid.contexts.values():  # between messages a context holds only where its saved state is
+        assert set(context.state.keys()) <= {SAVED}, dict(context.state)
     return json.loads((settings.results_path / "metrics.json").read_text())
 
 
@@ -185,9 +189,9 @@ def test_a_resume_with_only_an_older_saved_state_stops_naming_it(tmp_path, tmp_p
     than let the client go on from the older state."""
 
     def remove(states: Path, trained: dict) -> tuple[int, int]:
-        kept = {c: sorted((states / f"client-{c}").glob("round-*.pt")) for c in trained}
+        kept = {c: sorted((states / f"client-{c}").glob("round-*.state")) for c in trained}
         client = next(c for c in sorted(trained) if len(kept[c]) > 1)
-        assert kept[client][-1].name == f"round-{trained[client]:06d}.pt"
+        assert kept[client][-1].name == f"round-{trained[client]:06d}.state"
         kept[client][-1].unlink()
         return client, trained[client]
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import InProcessGrid, assert_same_state, run_config
+from conftest import InProcessGrid, assert_same_state, client_state, run_config
 from flwr.app import RecordDict
 from torch import nn
 
@@ -192,7 +192,7 @@ def test_c_stays_the_mean_of_every_clients_c_i_with_partial_participation(tmp_pa
     the server's c stays (1/N) Σ_i c_i over all N clients, those never sampled at 0."""
     doc, strategy, grid = _run(tmp_path, 3, 4, local_epochs=1, fraction_train=0.5)
     assert [r["sampled"] for r in doc["rounds"]] == [2, 2, 2]
-    states = [from_record(ctx.state[PERSONAL]) if PERSONAL in ctx.state else None for ctx in grid.contexts.values()]
+    states = [from_record(client_state(ctx)[PERSONAL]) if PERSONAL in client_state(ctx) else None for ctx in grid.contexts.values()]
     for k, c in strategy.control.items():
         total = sum(s[C_CLIENT + k].double() for s in states if s is not None)
         assert torch.allclose(c.double(), total / 4, atol=1e-6), k

@@ -3,8 +3,9 @@
 Each client keeps its whole personal model in ``context.state["personal"]``; a message
 overwrites the keys it carries, the method trains, and only the method's upload keys (those the
 gradual-sharing schedule releases in this round) go back.
-After training the personal state is also saved to disk (:mod:`pflower.client_app.store`),
-so a resumed run or a restarted SuperNode continues with it.
+After training the personal state is saved to disk (:mod:`pflower.client_app.store`), so a
+resumed run or a restarted SuperNode continues with it, and between messages the context keeps
+only where that file is: the next message reads it back.
 Everything derived from the run config (settings, data, model) is cached per process; one
 model object serves every client of the process.
 """
@@ -30,7 +31,7 @@ from torch import nn
 from pflower import reply_metrics, single_message
 from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
-from pflower.client_app.store import StateError, StateStore
+from pflower.client_app.store import SAVED, StateError, StateStore, keep_on_disk
 from pflower.config import Settings, load_settings
 from pflower.datasets import Split, client_data, client_domain, global_test, label_counts, pool_for
 from pflower.datasets.folder import FolderError
@@ -149,46 +150,69 @@ class Runtime:
             return StateStore(self.client_id, Path(str(root)).expanduser().resolve())
         return StateStore(self.client_id, *self.settings.state_paths)
 
-    def personal_model(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> nn.Module:
-        """The cached model loaded with this client's personal state (or the initial one).
-
-        A context without personal state (a resumed run, a restarted SuperNode) first restores
-        the one saved in ``lineage`` as round ``after_round`` left it: the state a message of
-        round ``after_round + 1`` trains from, and the one an evaluation of ``after_round`` measures.
-        The server names it (``state_round``, :mod:`pflower.state_round`): exactly that round's
-        file, or :class:`~pflower.state_round.MissingStateError`; 0: the client never trained,
-        its initial state. None (a checkpoint older than the key): the newest saved before.
+    def personal_state(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> RecordDict:
+        """This client's state: its context's, else the saved file its context names (its state
+        is on disk between messages), else the one saved in ``lineage`` as round ``after_round``
+        left it (a resumed run, a restarted SuperNode): the state a message of round
+        ``after_round + 1`` trains from, and the one an evaluation of ``after_round`` measures.
+        The server names that round (``state_round``, :mod:`pflower.state_round`): exactly that
+        round's file, or :class:`~pflower.state_round.MissingStateError`; 0: the client never
+        trained (an empty state: the initial model). None (a checkpoint older than the key): the
+        newest saved before.
         """
-        if PERSONAL not in context.state and lineage and state_round != 0:
+        if PERSONAL in context.state:
+            return context.state
+        if SAVED in context.state:
+            saved = context.state[SAVED]
+            return self.store(context).load_round(str(saved["lineage"]), int(saved["round"]))
+        if lineage and state_round != 0:
             store = self.store(context)
             saved = store.load(lineage, after_round + 1) if state_round is None else store.load_round(lineage, state_round)
-            for name, record in (saved or {}).items():
-                context.state[name] = record
             if saved is not None:
                 log(INFO, "Client %d restored its saved personal state (lineage %s, as round %d left it)", self.client_id, lineage, after_round)
-        state = from_record(context.state[PERSONAL]) if PERSONAL in context.state else self.initial()
-        self.model.load_state_dict(state)
+                return saved
+        return context.state
+
+    def personal_model(self, state: RecordDict) -> nn.Module:
+        """The cached model loaded with the personal ``state`` (or the initial one)."""
+        self.model.load_state_dict(from_record(state[PERSONAL]) if PERSONAL in state else self.initial())
         return self.model
+
+    def resume(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> nn.Module:
+        """:meth:`personal_model` of :meth:`personal_state`, which the context holds from now on
+        (a message that trains changes it)."""
+        state = self.personal_state(context, lineage, after_round, state_round)
+        if state is not context.state:
+            for name in list(context.state.keys()):
+                del context.state[name]
+            for name, record in state.items():
+                context.state[name] = record
+        return self.personal_model(context.state)
 
     def evaluation(self, context: Context, config: ConfigRecord, arrays: ArrayRecord) -> MetricRecord:
         """The metrics of the personalized model (personal state + ``arrays``) in the run's test
         mode, after the method's fine-tuning epochs on the training split if it has any (never
         saved); ``config`` is the evaluation's: its round, and the state it names (``STATE_AFTER``:
-        a context without one restores it)."""
+        a context without one reads it). The context is left as it was."""
         rnd = int(config.get("server-round", 0))
-        model = self.personal_model(context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)), _state_round(config))
-        trained = PERSONAL in context.state
+        state = self.personal_state(context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)), _state_round(config))
+        model = self.personal_model(state)
+        trained = PERSONAL in state
         model.load_state_dict(received_state(arrays, model.state_dict()), strict=False)
         if epochs := self.method.finetune_epochs:
             self.method.start_round(rnd)
             self.method.finetune(model, self.train, self.seed(rnd, stream=1), epochs)
-        metrics = self.evaluate(self.method.predictor(model, context.state), trained, config)
-        return MetricRecord({**metrics, **self.method.report(context.state), "client-id": self.client_id, **ray_node()})
+        metrics = self.evaluate(self.method.predictor(model, state), trained, config)
+        return MetricRecord({**metrics, **self.method.report(state), "client-id": self.client_id, **ray_node()})
 
-    def save(self, context: Context, msg: Message) -> None:
-        context.state[PERSONAL] = to_record(self.model.state_dict())
+    def save(self, context: Context, msg: Message) -> ArrayRecord:
+        """The model into the personal state, which goes to disk if the message names a lineage
+        (the context then keeps only where: :func:`~pflower.client_app.store.keep_on_disk`); returns its record."""
+        personal = context.state[PERSONAL] = to_record(self.model.state_dict())
         if lineage := _lineage(msg):
             self.store(context).save(lineage, _round(msg), context.state, _state_round(_config(msg)))
+            keep_on_disk(context.state, lineage, _round(msg))
+        return personal
 
     def seed(self, server_round: int, stream: int = 0) -> int:
         """Seed of this client's minibatch order in this round (``stream`` 1: evaluation's fine-tuning)."""
@@ -316,16 +340,15 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     rt = runtime(context, msg)
-    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
+    model = rt.resume(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
     received = _received(msg, model)
     model.load_state_dict(received, strict=False)
     rt.method.start_round(_round(msg))
     extra = rt.method.before_fit(model, rt.train, msg.content, _round(msg))
     loss = rt.method.fit(model, rt.train, received, rt.seed(_round(msg)), _round(msg))
-    rt.save(context, msg)
-    state = model.state_dict()
+    personal = rt.save(context, msg)
     metrics = MetricRecord({"num-examples": len(rt.train), "train-loss": loss, "client-id": rt.client_id, **extra, **ray_node()})
-    content = RecordDict({"arrays": to_record(state, rt.sharing.keys(_round(msg))), "metrics": metrics})
+    content = RecordDict({"arrays": ArrayRecord({k: personal[k] for k in rt.sharing.keys(_round(msg))}), "metrics": metrics})
     return Message(content, reply_to=msg)
 
 
@@ -346,7 +369,7 @@ def relay(msg: Message, context: Context) -> Message:
     and to disk after the last step of a round.
     """
     rt = runtime(context, msg)
-    model = rt.personal_model(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
+    model = rt.resume(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
     phase = str(_config(msg).get("phase", ""))
     rt.method.start_round(_round(msg))
     out = rt.method.relay_step(phase, model, rt.train, msg.content, context.state, rt.client_id, rt.num_clients, _round(msg))

@@ -1,16 +1,23 @@
 """A client's personal state on disk, so a restarted SuperNode or a resumed run continues with it.
 
-``context.state`` lives as long as the run in one SuperNode process. After training, the
-client also writes it to ``<root>/<lineage>/client-<id>/round-<r>.pt``; a context without
-personal state (a new run resumed from a checkpoint, a restarted SuperNode) loads the file of
-its lineage from the round in which it last trained, which is exactly the state it had when
-the server's checkpoint of that round was written. A state found under a fallback root
-(the resumed run's directory) is copied into the primary one. A store with fallbacks leaves
-``<root>/<lineage>/resumed-from.json`` naming them, so a run resumed from a resumed run finds
-the states of clients that got no message in the run between (chains of resumptions).
+After training, the client writes its ``context.state`` to
+``<root>/<lineage>/client-<id>/round-<r>.state``, and the context keeps only where that file
+is (:data:`SAVED`: its lineage and round): the next message reads the file back. So a node's
+context stays small (a simulation holds every client's in one process) and the file, which a
+resumed run needs anyway, is the one copy. A context without personal state (a new run resumed
+from a checkpoint, a restarted SuperNode) loads the file of its lineage from the round in which
+it last trained, which is exactly the state it had when the server's checkpoint of that round
+was written. A state found under a fallback root (the resumed run's directory) is copied into
+the primary one. A store with fallbacks leaves ``<root>/<lineage>/resumed-from.json`` naming
+them, so a run resumed from a resumed run finds the states of clients that got no message in
+the run between (chains of resumptions).
 The server names the round whose state a client needs (:mod:`pflower.state_round`):
 :meth:`StateStore.load_round` loads exactly that one, or raises
 :class:`~pflower.state_round.MissingStateError`.
+
+A file is Flower's protobuf form of the RecordDict after a header with its length and CRC-32:
+no pickle, and a truncated or damaged file is named, never read short. Files of earlier
+versions (``round-<r>.pt``, ``torch.save``) are read, never written.
 """
 
 from __future__ import annotations
@@ -18,12 +25,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from pflower.records import from_record, to_record
+from pflower.records import to_record
 from pflower.state_round import MissingStateError
 
 #: Files kept per client: the state of the last rounds it trained in.
@@ -33,21 +44,64 @@ LINK = "resumed-from.json"
 #: The most roots a chain of resumptions is followed through.
 MAX_CHAIN = 1000
 
+#: What a context keeps of a state that is on disk: its lineage and round (:func:`keep_on_disk`).
+SAVED = "saved-state"
+#: A state file's first bytes; then the payload's length and CRC-32, then the payload.
+MAGIC = b"pflower-state/1\n"
+_HEAD = struct.Struct("<QI")
+SUFFIX = ".state"
+#: ``torch.save`` files of earlier versions: read, never written.
+LEGACY = ".pt"
+
 _KINDS = {"arrays": ArrayRecord, "config": ConfigRecord, "metrics": MetricRecord}
 
 
-def _plain(state: RecordDict) -> dict:
-    out = {}
-    for name, rec in state.items():
-        if isinstance(rec, ArrayRecord):
-            out[name] = ("arrays", from_record(rec))
-        else:
-            out[name] = ("config" if isinstance(rec, ConfigRecord) else "metrics", dict(rec))
-    return out
+def encode(state: RecordDict) -> bytes:
+    """The bytes of a state file holding ``state``."""
+    payload = recorddict_to_proto(state).SerializeToString()
+    return MAGIC + _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode(data: bytes) -> RecordDict:
+    """The state a file's bytes hold (this version's or an earlier ``torch.save``); ValueError if
+    they are cut short or damaged."""
+    if not data.startswith(MAGIC):
+        return _records(torch.load(io.BytesIO(data), weights_only=True))
+    if len(data) < len(MAGIC) + _HEAD.size:
+        raise ValueError(f"{len(data)} bytes, shorter than the header")
+    size, crc = _HEAD.unpack_from(data, len(MAGIC))
+    payload = memoryview(data)[len(MAGIC) + _HEAD.size :]
+    if len(payload) != size or zlib.crc32(payload) != crc:
+        raise ValueError(f"{len(payload)} bytes where the header says {size}, or their CRC-32 differs")
+    return recorddict_from_proto(ProtoRecordDict.FromString(payload))
 
 
 def _records(plain: dict) -> RecordDict:
     return RecordDict({name: to_record(value) if kind == "arrays" else _KINDS[kind](value) for name, (kind, value) in plain.items()})
+
+
+def keep_on_disk(state: RecordDict, lineage: str, server_round: int) -> None:
+    """Leave in a context's ``state`` only which saved file holds it (:data:`SAVED`)."""
+    for name in list(state.keys()):
+        del state[name]
+    state[SAVED] = ConfigRecord({"lineage": lineage, "round": server_round})
+
+
+def _saved(d: Path) -> dict[int, Path]:
+    """A client folder's state files by round (this version's where a round has both)."""
+    out: dict[int, Path] = {}
+    for p in sorted(d.glob("round-*")) if d.is_dir() else []:
+        number = p.stem.partition("-")[2]
+        if p.suffix in (SUFFIX, LEGACY) and number.isdigit() and (p.suffix == SUFFIX or int(number) not in out):
+            out[int(number)] = p
+    return out
+
+
+def newest_saved(root: Path, client_id: int) -> Path | None:
+    """The file of a client's last saved round under ``root`` (a finished run's ``client-state``,
+    any lineage), for scripts that read a run's final personal states (:func:`decode`)."""
+    files = [(r, p) for d in root.glob(f"*/client-{client_id}") for r, p in _saved(d).items()]
+    return max(files)[1] if files else None
 
 
 class StateError(RuntimeError):
@@ -66,22 +120,21 @@ class StateStore:
 
     def _write(self, d: Path, server_round: int, payload: bytes, pinned: int | None = None) -> Path:
         d.mkdir(parents=True, exist_ok=True)
-        path = d / f"round-{server_round:06d}.pt"
+        path = d / f"round-{server_round:06d}{SUFFIX}"
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(payload)
         os.replace(tmp, path)
-        for old in sorted(d.glob("round-*.pt"))[:-KEEP]:
-            if pinned is None or int(old.stem.split("-")[1]) < pinned:
-                old.unlink(missing_ok=True)
+        for rnd in sorted(_saved(d))[:-KEEP]:
+            if pinned is None or rnd < pinned:
+                for suffix in (SUFFIX, LEGACY):
+                    (d / f"round-{rnd:06d}{suffix}").unlink(missing_ok=True)
         return path
 
     def save(self, lineage: str, server_round: int, state: RecordDict, pinned: int | None = None) -> Path:
         """Write the state after ``server_round``; keep the newest :data:`KEEP` files and every
         one from ``pinned`` on (the round the server named in this message: while the server has
         not received a newer training reply, a resume names that round)."""
-        buf = io.BytesIO()
-        torch.save(_plain(state), buf)
-        return self._write(self._dir(self.roots[0], lineage), server_round, buf.getvalue(), pinned)
+        return self._write(self._dir(self.roots[0], lineage), server_round, encode(state), pinned)
 
     def _link(self, lineage: str) -> None:
         """Name this run's fallbacks in its root's lineage folder (once; atomic)."""
@@ -110,13 +163,12 @@ class StateStore:
 
     def _read(self, root: Path, lineage: str, path: Path) -> RecordDict:
         """The state in ``path`` (found under ``root``), copied into the primary root if it is a fallback."""
-        payload = path.read_bytes()
         try:
-            state = _records(torch.load(io.BytesIO(payload), weights_only=True))
+            state = decode(path.read_bytes())
         except Exception as err:  # noqa: BLE001 - truncated or damaged: named, never a traceback
             raise StateError(f"the saved client state {path} cannot be read ({err}); it is damaged: resume from a run whose client states are whole") from None
         if root != self.roots[0]:
-            self._write(self._dir(self.roots[0], lineage), int(path.stem.split("-")[1]), payload)
+            self._write(self._dir(self.roots[0], lineage), int(path.stem.split("-")[1]), encode(state))
         return state
 
     def load(self, lineage: str, before_round: int) -> RecordDict | None:
@@ -125,9 +177,9 @@ class StateStore:
         self._link(lineage)
         for root in self.chain(lineage):
             d = self._dir(root, lineage)
-            saved = sorted(p for p in d.glob("round-*.pt") if int(p.stem.split("-")[1]) < before_round) if d.is_dir() else []
-            if saved:
-                return self._read(root, lineage, saved[-1])
+            files = _saved(d)
+            if saved := [r for r in files if r < before_round]:
+                return self._read(root, lineage, files[max(saved)])
         return None
 
     def load_round(self, lineage: str, server_round: int) -> RecordDict:
@@ -136,10 +188,9 @@ class StateStore:
         self._link(lineage)
         roots = self.chain(lineage)
         for root in roots:
-            path = self._dir(root, lineage) / f"round-{server_round:06d}.pt"
-            if path.is_file():
+            if path := _saved(self._dir(root, lineage)).get(server_round):
                 return self._read(root, lineage, path)
-        found = sorted({int(p.stem.split("-")[1]) for root in roots for p in self._dir(root, lineage).glob("round-*.pt")})
+        found = sorted({r for root in roots for r in _saved(self._dir(root, lineage))})
         searched = ", ".join(str(self._dir(root, lineage)) for root in roots)
         raise MissingStateError(
             f"client {self.client_id} has no saved state of round {server_round} (lineage {lineage}), the round it last trained in; "
