@@ -7,8 +7,9 @@ figures are the server's own cost. Each N runs in a fresh process; its memory is
 above the resident size after a 2-client warm-up run (the runtime's fixed cost: about 0.6 GB
 of torch, Flower and matplotlib, the same for every N): the state between rounds (the largest
 resident size as a round starts, and after the last) and the peak (with a round's messages and
-replies in flight: the last round evaluates every client, N personalized models at once).
-Budget: 1.5 x what N client models and the hypernetworks need.
+replies in flight, at most 64 messages as in a simulation: the last round evaluates every
+client, each personalized model built as its message goes). Budget: 1.5 x what N client
+models and the hypernetworks need.
 
     .venv/bin/python bench/pfedla_server.py                 # N = 10, 100, 1000
     .venv/bin/python bench/pfedla_server.py --clients 1000 --hn-hidden-dim 50 --hn-key-dim 50
@@ -91,10 +92,13 @@ class StandInClients(Grid):
 
 
 def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim: int) -> dict:
-    """One process, one N: run the strategy and time its server-side phases."""
+    """One process, one N: run the strategy and time its server-side phases. Its phases keep at
+    most :data:`SIMULATION_WINDOW` messages in flight, as on Flower's in-memory grid."""
     from pflower.build import build_strategy
     from pflower.config import load_settings
+    from pflower.strategies import federation
 
+    federation.window_for = lambda grid: federation.SIMULATION_WINDOW
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as out:
         # Warm-up run with 2 clients: torch, autograd, Flower and matplotlib allocate their
