@@ -137,27 +137,19 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
         at_rest: list[int] = []  # resident size as each round starts: the state between rounds
         configure_train = strategy.configure_train
 
-        def round_start(*args, **kwargs):
+        def round_start(*args, **kwargs):  # a round's server time: from its start to the next's
             at_rest.append(rss_bytes() - base)
+            per_round.append(sum(spent.values()))
             return configure_train(*args, **kwargs)
 
         strategy.configure_train = round_start
-        grid = StandInClients(num_clients)
-        original = grid.pull_messages
-
-        def phase_boundary(message_ids):  # a round ends with the evaluate phase
-            replies = original(message_ids)
-            if replies and replies[0].metadata.message_type == MessageType.EVALUATE:
-                per_round.append(sum(spent.values()))
-            return replies
-
-        grid.pull_messages = phase_boundary
-        strategy.start(grid=grid)
+        strategy.start(grid=StandInClients(num_clients))
         at_rest.append(rss_bytes() - base)
+        per_round.append(sum(spent.values()))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model_bytes = strategy.theta.shape[1] * 4
     hn_bytes = sum(t.numel() * t.element_size() for t in [*strategy.hn.params.values(), strategy.hn.keys])
-    rounds_s = [b - a for a, b in zip([0.0] + per_round[:-1], per_round)]
+    rounds_s = [b - a for a, b in zip(per_round[:-1], per_round[1:])]
     sampled = len(strategy.federation.sample(strategy.fraction_train, 1))
     return {
         "clients": num_clients,
