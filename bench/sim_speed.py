@@ -113,13 +113,16 @@ def _group(pid: int) -> str:
     return next((name for name, marks in GROUPS if any(m in cmd for m in marks)), "other")
 
 
-def _pss_bytes(pids: list[int]) -> dict[str, int]:
-    """Proportional set size of ``pids`` by process group (shared pages split among their users)."""
+def _pss_bytes(pids: list[int], groups: dict[int, str]) -> dict[str, int]:
+    """Proportional set size of ``pids`` by process group (shared pages split among their users).
+    ``groups`` keeps each process's group from when it was first seen: an exiting process's
+    command line can no longer be read, while its memory still counts."""
     out: dict[str, int] = {}
     for pid in pids:
         size = _pss(pid)
         if size:
-            out[_group(pid)] = out.get(_group(pid), 0) + size
+            group = groups.setdefault(pid, _group(pid))
+            out[group] = out.get(group, 0) + size
     return out
 
 
@@ -139,9 +142,9 @@ def pflower_run(config: dict, clients: int, results: Path, cpus_per_client: int 
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak, groups = 0, {}
+    peak, groups, seen = 0, {}, {}
     while proc.poll() is None:
-        now = _pss_bytes(process_tree(proc.pid))
+        now = _pss_bytes(process_tree(proc.pid), seen)
         if sum(now.values()) > peak:
             peak, groups = sum(now.values()), now
         time.sleep(0.5)
