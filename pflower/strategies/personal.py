@@ -38,7 +38,8 @@ class LazyRecords(Mapping[int, ArrayRecord]):
 
     def __init__(self, ids: Sequence[int], build: Callable[[Sequence[int]], Mapping[int, ArrayRecord]]):
         self.ids = list(ids)
-        self._chunk_of = {cid: i // CHUNK for i, cid in enumerate(self.ids)}
+        self._size = CHUNK
+        self._chunk_of = {cid: i // self._size for i, cid in enumerate(self.ids)}
         self._build = build
         self._built: tuple[int, Mapping[int, ArrayRecord]] = (-1, {})
         self.builds = 0  # chunks built so far
@@ -47,7 +48,7 @@ class LazyRecords(Mapping[int, ArrayRecord]):
         k = self._chunk_of[cid]
         if self._built[0] != k:
             self._built = (k, {})  # the previous chunk goes before the next is built
-            self._built = (k, self._build(self.ids[k * CHUNK : (k + 1) * CHUNK]))
+            self._built = (k, self._build(self.ids[k * self._size : (k + 1) * self._size]))
             self.builds += 1
         return self._built[1][cid]
 
