@@ -115,13 +115,18 @@ def _group(pid: int) -> str:
 
 def _pss_bytes(pids: list[int], groups: dict[int, str]) -> dict[str, int]:
     """Proportional set size of ``pids`` by process group (shared pages split among their users).
-    ``groups`` keeps each process's group from when it was first seen: an exiting process's
-    command line can no longer be read, while its memory still counts."""
+    ``groups`` keeps each process's last group that was not "other": an exiting process's
+    command line can no longer be read while its memory still counts, and Ray's agents name
+    themselves only once started."""
     out: dict[str, int] = {}
     for pid in pids:
         size = _pss(pid)
         if size:
-            group = groups.setdefault(pid, _group(pid))
+            group = _group(pid)
+            if group == "other":
+                group = groups.get(pid, group)
+            else:
+                groups[pid] = group
             out[group] = out.get(group, 0) + size
     return out
 
