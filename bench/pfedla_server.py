@@ -7,8 +7,9 @@ figures are the server's own cost. Each N runs in a fresh process; its memory is
 above the resident size after a 2-client warm-up run (the runtime's fixed cost: about 0.6 GB
 of torch, Flower and matplotlib, the same for every N): the state between rounds (the largest
 resident size as a round starts, and after the last) and the peak (with a round's messages and
-replies in flight: the last round evaluates every client, N personalized models at once).
-Budget: 1.5 x what N client models and the hypernetworks need.
+replies in flight, at most 64 messages as in a simulation: the last round evaluates every
+client, each personalized model built as its message goes). Budget: 1.5 x what N client
+models and the hypernetworks need.
 
     .venv/bin/python bench/pfedla_server.py                 # N = 10, 100, 1000
     .venv/bin/python bench/pfedla_server.py --clients 1000 --hn-hidden-dim 50 --hn-key-dim 50
@@ -91,10 +92,13 @@ class StandInClients(Grid):
 
 
 def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim: int) -> dict:
-    """One process, one N: run the strategy and time its server-side phases."""
+    """One process, one N: run the strategy and time its server-side phases. Its phases keep at
+    most :data:`SIMULATION_WINDOW` messages in flight, as on Flower's in-memory grid."""
     from pflower.build import build_strategy
     from pflower.config import load_settings
+    from pflower.strategies import federation
 
+    federation.window_for = lambda grid: federation.SIMULATION_WINDOW
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as out:
         # Warm-up run with 2 clients: torch, autograd, Flower and matplotlib allocate their
@@ -133,27 +137,19 @@ def measure(num_clients: int, fraction: float, rounds: int, hidden: int, key_dim
         at_rest: list[int] = []  # resident size as each round starts: the state between rounds
         configure_train = strategy.configure_train
 
-        def round_start(*args, **kwargs):
+        def round_start(*args, **kwargs):  # a round's server time: from its start to the next's
             at_rest.append(rss_bytes() - base)
+            per_round.append(sum(spent.values()))
             return configure_train(*args, **kwargs)
 
         strategy.configure_train = round_start
-        grid = StandInClients(num_clients)
-        original = grid.pull_messages
-
-        def phase_boundary(message_ids):  # a round ends with the evaluate phase
-            replies = original(message_ids)
-            if replies and replies[0].metadata.message_type == MessageType.EVALUATE:
-                per_round.append(sum(spent.values()))
-            return replies
-
-        grid.pull_messages = phase_boundary
-        strategy.start(grid=grid)
+        strategy.start(grid=StandInClients(num_clients))
         at_rest.append(rss_bytes() - base)
+        per_round.append(sum(spent.values()))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model_bytes = strategy.theta.shape[1] * 4
     hn_bytes = sum(t.numel() * t.element_size() for t in [*strategy.hn.params.values(), strategy.hn.keys])
-    rounds_s = [b - a for a, b in zip([0.0] + per_round[:-1], per_round)]
+    rounds_s = [b - a for a, b in zip(per_round[:-1], per_round[1:])]
     sampled = len(strategy.federation.sample(strategy.fraction_train, 1))
     return {
         "clients": num_clients,

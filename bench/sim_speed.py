@@ -15,7 +15,8 @@ message) and with training and evaluation as two phases a round (``single-messag
 ``--clients 100 --fraction 0.1`` (or 1000) measures the scale runs: the shared MNIST set spread
 over more clients, 10% of them training each round, every client evaluating; ``--method pfedla``
 (with ``--no-plain``) the same with another method. The peak memory is also split by process
-group (:data:`GROUPS`, by command line) at the moment of the peak.
+group (:data:`GROUPS`, by command line) at the moment of the peak. ``--cpus-per-client 2`` on two
+cores runs one ClientApp actor instead of two.
 
     .venv/bin/python bench/sim_speed.py [--data-dir ../shared/data/mnist] [--rounds 20]
     .venv/bin/python bench/sim_speed.py --clients 1000 --fraction 0.1 --rounds 5 --no-plain
@@ -85,7 +86,7 @@ GROUPS = (
     ("Ray raylet", ("raylet/raylet",)),
     ("Ray agents and monitors", ("ray::RuntimeEnvAgent", "ray::DashboardAgent", "ray/dashboard", "log_monitor", "autoscaler")),
     ("Ray workers (ClientApp actors)", ("ray::", "default_worker")),
-    ("Ray head driver (pflower.ray_head)", ("pflower.ray_head",)),
+    ("Ray head process (pflower.ray_head)", ("pflower.ray_head",)),
     ("simulation process (ServerApp)", ("flwr-simulation",)),
     ("SuperLink", ("flower-superlink",)),
     ("SuperExec", ("flower-superexec",)),
@@ -112,20 +113,29 @@ def _group(pid: int) -> str:
     return next((name for name, marks in GROUPS if any(m in cmd for m in marks)), "other")
 
 
-def _pss_bytes(pids: list[int]) -> dict[str, int]:
-    """Proportional set size of ``pids`` by process group (shared pages split among their users)."""
+def _pss_bytes(pids: list[int], groups: dict[int, str]) -> dict[str, int]:
+    """Proportional set size of ``pids`` by process group (shared pages split among their users).
+    ``groups`` keeps each process's last group that was not "other": an exiting process's
+    command line can no longer be read while its memory still counts, and Ray's agents name
+    themselves only once started."""
     out: dict[str, int] = {}
     for pid in pids:
         size = _pss(pid)
         if size:
-            out[_group(pid)] = out.get(_group(pid), 0) + size
+            group = _group(pid)
+            if group == "other":
+                group = groups.get(pid, group)
+            else:
+                groups[pid] = group
+            out[group] = out.get(group, 0) + size
     return out
 
 
-def pflower_run(config: dict, clients: int, results: Path) -> dict:
+def pflower_run(config: dict, clients: int, results: Path, cpus_per_client: int = 1) -> dict:
     """pflower-sim end to end: per-round seconds, start-up phases, peak memory of its processes."""
     cfg = run_config_string(config)
-    cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(ROOT)]
+    cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(ROOT),
+           "--cpus-per-client", str(cpus_per_client)]  # fmt: skip
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     marks: dict[str, float] = {}
@@ -137,9 +147,9 @@ def pflower_run(config: dict, clients: int, results: Path) -> dict:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak, groups = 0, {}
+    peak, groups, seen = 0, {}, {}
     while proc.poll() is None:
-        now = _pss_bytes(process_tree(proc.pid))
+        now = _pss_bytes(process_tree(proc.pid), seen)
         if sum(now.values()) > peak:
             peak, groups = sum(now.values()), now
         time.sleep(0.5)
@@ -170,6 +180,7 @@ def main() -> int:
     p.add_argument("--single-message", choices=["both", "true", "false"], default="both",
                    help="pflower's schedule: one message per client per round, two phases a round, or both alternating")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="pflower runs of each schedule, alternating")
+    p.add_argument("--cpus-per-client", type=int, default=1, help="pflower-sim's: CPUs per ClientApp actor (2 on two cores: one actor)")
     args = p.parse_args()
     steady = lambda t: statistics.median(t[1:])  # noqa: E731
     schedules = {"both": (True, False), "true": (True,), "false": (False,)}[args.single_message]
@@ -178,7 +189,7 @@ def main() -> int:
         config = run_config(args.data_dir.resolve(), args.rounds, args.fraction, Path(tmp), args.method)
         for _ in range(args.repeats):
             for flag in schedules:
-                runs[flag].append(pflower_run({**config, "single-message": flag}, args.clients, Path(tmp)))
+                runs[flag].append(pflower_run({**config, "single-message": flag}, args.clients, Path(tmp), args.cpus_per_client))
         plain = {} if args.no_plain else {t: plain_loop(load_settings(config), args.clients, args.rounds, t) for t in (1, 2)}
     ours = runs[schedules[0]][-1]
     print(f"{args.method}, clients {args.clients}, fraction-train {args.fraction:g}, {args.rounds} rounds")

@@ -61,16 +61,24 @@ def ray_head(env: dict[str, str], log_path: Path) -> Iterator[dict[str, str]]:
 
 
 def main() -> None:
-    """Hold a Ray instance until stdin closes (the launcher ends or dies), then shut it down."""
-    import ray
+    """Hold a Ray head until stdin closes (the launcher ends or dies), then stop its processes.
 
-    context = ray.init(include_dashboard=False, logging_level="WARNING")
+    The head is Ray's node itself, as ``ray start --head`` makes it, not ``ray.init()``: this
+    process then holds no driver of its own, and the head runs without the autoscaler's
+    monitor, which a one-machine cluster never uses (at a 1000-client simulation: 62 MiB of
+    PSS for the driver, now 50, and 49 MiB for the monitor). Ray's node API is internal
+    (``ray._private``): checked on the Ray that Flower 1.39 installs (2.55).
+    """
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    node = Node(RayParams(include_dashboard=False, no_monitor=True), head=True, shutdown_at_exit=True, spawn_reaper=False)
     target = address_file(os.environ["RAY_TMPDIR"])
-    target.write_text(context.address_info["gcs_address"])
-    print(f"Ray head at {context.address_info['gcs_address']}", flush=True)
+    target.write_text(node.gcs_address)
+    print(f"Ray head at {node.gcs_address}", flush=True)
     sys.stdin.read()
     target.unlink(missing_ok=True)
-    ray.shutdown()
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
 
 
 if __name__ == "__main__":

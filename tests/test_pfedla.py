@@ -358,3 +358,23 @@ def test_heatmap_is_drawn_when_some_clients_never_said_their_classes(tmp_path):
     doc = {"config": {"method": "pfedla", "dataset": "digits"}, "client-classes": {"0": [1], "1": [1], "3": [2]},
            "rounds": [{"round": 1, "accuracy": 0.5, "weighted-accuracy": 0.5, "alpha": alpha}]}  # fmt: skip
     assert (tmp_path / "alpha-heatmap.png") in draw_run(doc, tmp_path)
+
+
+@pytest.mark.parametrize("method", ["pfedla", "heurpfedla"])
+def test_lazy_evaluation_records_are_the_eager_ones_built_a_chunk_at_a_time(grid_factory, tmp_path, monkeypatch, method):
+    """The evaluation's records, built a chunk at a time as they are sent, are those an eager
+    build made when the evaluation was configured, also after the next round's training
+    messages marked clients unsynced (HeurpFedLA sends those every layer)."""
+    monkeypatch.setattr("pflower.strategies.personal.CHUNK", 2)
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method=method, heurpfedla__top_k=1)
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    strategy.aggregate_train(1, grid.send_and_receive(msgs))
+    ids = [0, 1, 2]
+    eager = strategy.personalized(ids)[0]
+    lazy = strategy.evaluate_arrays(1, ids)
+    assert list(lazy) == ids and lazy.builds == 0
+    strategy.configure_train(2, strategy.global_arrays(), ConfigRecord({"server-round": 2}), grid)  # marks its clients unsynced
+    for cid in ids:
+        assert [(k, a.data) for k, a in lazy[cid].items()] == [(k, a.data) for k, a in eager[cid].items()]
+    assert lazy.builds == 2  # chunks [0, 1] and [2], each once
+    assert lazy[0].keys() == eager[0].keys() and lazy.builds == 3  # only the last chunk is kept

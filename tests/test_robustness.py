@@ -278,10 +278,50 @@ def test_a_windowed_phase_keeps_at_most_the_window_in_flight_and_sends_no_more_a
     assert window_for(object.__new__(InMemoryGrid)) == SIMULATION_WINDOW and window_for(grid) is None
 
 
-def test_a_windowed_run_has_the_metrics_of_one_that_sends_each_phase_at_once(tmp_path, monkeypatch, no_figures):
+def test_an_outbox_builds_each_message_as_it_is_sent_at_most_a_window_ahead_of_the_replies():
+    from collections.abc import Mapping
+
+    from flwr.app import ArrayRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from pflower.strategies.federation import Federation, send_and_receive
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    built: list[int] = []
+
+    class Counted(Mapping):
+        def __getitem__(self, cid):
+            built.append(cid)
+            return ArrayRecord()
+
+        def __iter__(self):
+            return iter(range(10))
+
+        def __len__(self):
+            return 10
+
+    class Checked(_WindowGrid):
+        def push_messages(self, messages):
+            answered = len(self.pushed) - len(self.in_flight)
+            assert len(built) <= answered + 3
+            return super().push_messages(messages)
+
+    federation = Federation()
+    federation.node_of = {c: 100 + c for c in range(10)}
+    federation.client_of = {100 + c: c for c in range(10)}
+    outbox = federation.outbox(range(10), "train", Counted(), {"server-round": 1})
+    assert built == [] and len(outbox) == 10
+    grid = Checked(0.01)
+    replies = send_and_receive(grid, outbox, timeout=10.0, window=3)
+    assert built == list(range(10)) and len(replies) == 10 and grid.most == 3
+    assert [m.metadata.dst_node_id for m, _ in grid.pushed.values()] == [100 + c for c in range(10)]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "heurpfedla"])
+def test_a_windowed_run_has_the_metrics_of_one_that_sends_each_phase_at_once(tmp_path, monkeypatch, no_figures, method):
     from conftest import in_process_rounds
 
-    cfg = run_config(num_server_rounds=2, local_epochs=1, samples_per_client=60)
+    cfg = run_config(method=method, num_server_rounds=2, local_epochs=1, samples_per_client=60)
     at_once = in_process_rounds(cfg, tmp_path / "at-once", 4)
     monkeypatch.setattr("pflower.strategies.federation.window_for", lambda grid: 2)
     assert in_process_rounds(cfg, tmp_path / "windowed", 4) == at_once

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
 from logging import INFO, WARNING
 
 import numpy as np
@@ -76,24 +77,30 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, wi
     with ``window``, at most that many are pushed and not yet answered at any time (the rest
     are pushed as replies come; those still unsent at the timeout are not sent).
 
+    ``messages`` is consumed as it is pushed: an :class:`Outbox` builds each message then, so
+    a windowed phase holds the messages in flight, not all of them.
+
     Flower's own ``Grid.send_and_receive`` sleeps a fixed 3 s between pulls on the SuperLink's
     HTTP grid (deployment) and 0.1 s on the in-memory one (simulation), which every phase of
     every round pays. Here a reply is noticed within about 5% of the phase's length (at most
     :data:`WINDOW_POLL_MAX` with a window), and a long phase still costs the SuperLink only a
     couple of requests per second.
     """
-    unsent = list(messages)
-    window = window or max(len(unsent), 1)
+    unsent = iter(messages)
     pending: set[str] = set()
+    more = True  # whether ``unsent`` may hold messages still
 
     def push() -> None:
-        room = window - len(pending)
-        if room > 0 and unsent:
-            pending.update(grid.push_messages(unsent[:room]))
-            del unsent[:room]
+        nonlocal more
+        room = window - len(pending) if window else None
+        if more and (room is None or room > 0):
+            batch = list(islice(unsent, room))
+            more = room is not None and len(batch) == room
+            if batch:
+                pending.update(grid.push_messages(batch))
 
     push()
-    longest = POLL_MAX if not unsent else WINDOW_POLL_MAX
+    longest = POLL_MAX if not more else WINDOW_POLL_MAX
     start = time.monotonic()
     replies: list[Message] = []
     while pending:
@@ -108,6 +115,32 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, wi
             break
         time.sleep(min(max(POLL_FIRST, POLL_SHARE * elapsed), longest, timeout - elapsed))
     return replies
+
+
+@dataclass
+class Outbox:
+    """One message of type ``kind`` per client of ``ids``, each built when it is iterated (its
+    arrays looked up in ``arrays`` then): a phase that sends an outbox holds the messages in
+    flight, not one per client. ``pins``: each client's ``state-round`` entry, fixed when the
+    outbox was made (:meth:`Federation.pin`)."""
+
+    ids: list[int]
+    kind: str
+    arrays: Mapping[int, ArrayRecord]
+    config: dict
+    node_of: Mapping[int, int]
+    pins: dict[int, dict[str, int]]
+    extras: Mapping[int, Mapping] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[Message]:
+        return (self.message(cid) for cid in self.ids)
+
+    def message(self, cid: int) -> Message:
+        content = RecordDict({"arrays": self.arrays[cid], "config": ConfigRecord({**self.config, **self.pins[cid]}), **self.extras.get(cid, {})})
+        return Message(content, dst_node_id=self.node_of[cid], message_type=self.kind)
 
 
 class NoClientsError(RuntimeError):
@@ -330,16 +363,17 @@ class Federation:
         if self.trained is not None:
             self.trained.update(dict.fromkeys(clients, server_round))
 
+    def outbox(self, ids: Iterable[int], kind: str, arrays: Mapping[int, ArrayRecord], config: Mapping, extras: Mapping[int, Mapping] | None = None) -> Outbox:
+        """One message of type ``kind`` per client, built when sent (:class:`Outbox`): its arrays,
+        the config with its ``state-round`` (:meth:`pin`), and its ``extras`` records."""
+        ids = list(ids)
+        return Outbox(ids, kind, arrays, dict(config), self.node_of, {cid: self.pin(cid) for cid in ids}, extras or {})
+
     def messages(
-        self, ids: Iterable[int], kind: str, arrays: Mapping[int, ArrayRecord] | Callable[[int], ArrayRecord], config: ConfigRecord,
-        extras: Mapping[int, Mapping] | None = None,
-    ) -> list[Message]:  # fmt: skip
-        """One message of type ``kind`` per client: its arrays, the config with its ``state-round``
-        (:meth:`pin`), and its ``extras`` records."""
-        get = arrays if callable(arrays) else arrays.__getitem__
-        extras = extras or {}
-        return [Message(RecordDict({"arrays": get(cid), "config": ConfigRecord({**config, **self.pin(cid)}), **extras.get(cid, {})}),
-                        dst_node_id=self.node_of[cid], message_type=kind) for cid in ids]  # fmt: skip
+        self, ids: Iterable[int], kind: str, arrays: Mapping[int, ArrayRecord], config: Mapping, extras: Mapping[int, Mapping] | None = None
+    ) -> list[Message]:
+        """The messages of :meth:`outbox`, built now."""
+        return list(self.outbox(ids, kind, arrays, config, extras))
 
     def hold(self, evaluation: HeldEvaluation) -> None:
         """Hold ``evaluation`` back for the next phase: each of its messages rides on its client's
@@ -354,35 +388,55 @@ class Federation:
         sent, self.sent_held = self.sent_held, None
         return sent
 
-    def _with_held(self, messages: list[Message], held: HeldEvaluation) -> tuple[list[Message], set[int], set[int]]:
+    def _with_held(self, messages: list[Message], held: HeldEvaluation) -> tuple[Iterator[Message], set[int], set[int]]:
         """The phase's messages with the held evaluation on them or beside them, addressed to
-        each client's node now; the evaluated nodes and those whose message carries one."""
+        each client's node now: in the held clients' order, each evaluation built as it is sent
+        (a strategy's lazy records build a chunk of clients at a time, once), then the phase's
+        other messages; the evaluated nodes and those whose message carries one."""
         hosts = {m.metadata.dst_node_id: m for m in messages if m.metadata.message_type != MessageType.EVALUATE}
-        alone, carried, evaluated = [], set(), set()
-        for cid in held.clients:
-            node = self.node_of.get(cid)
-            if node is None:
-                continue
-            evaluated.add(node)
-            ev = Message(held.content(cid), dst_node_id=node, message_type=MessageType.EVALUATE)
-            if node in hosts and cid in self.riders:
-                single_message.attach(hosts[node], ev)
-                carried.add(node)
-            else:
-                alone.append(ev)
-        return [*messages, *alone], evaluated, carried
+        placed = [(cid, node) for cid in held.clients if (node := self.node_of.get(cid)) is not None]
+        evaluated = {node for _, node in placed}
+        carried = {node for cid, node in placed if node in hosts and cid in self.riders}
 
-    def phase(self, grid: Grid, messages: list[Message], timeout: float) -> Phase:
+        def stream() -> Iterator[Message]:
+            for cid, node in placed:
+                ev = Message(held.content(cid), dst_node_id=node, message_type=MessageType.EVALUATE)
+                if node in carried:
+                    single_message.attach(hosts[node], ev)
+                    yield hosts[node]
+                else:
+                    yield ev
+            sent = {id(hosts[node]) for node in carried}
+            yield from (m for m in messages if id(m) not in sent)
+
+        return stream(), evaluated, carried
+
+    def phase(self, grid: Grid, messages: Outbox | list[Message], timeout: float) -> Phase:
         """Send, wait up to ``timeout``; replies of nodes that are gone are not passed on. A held
-        evaluation (:meth:`hold`) goes along; its replies go to :meth:`take_sent_held`."""
+        evaluation (:meth:`hold`) goes along; its replies go to :meth:`take_sent_held`. An
+        :class:`Outbox`'s messages are built as they are sent."""
         held, self.held = self.held, None
-        to = {(m.metadata.dst_node_id, m.metadata.message_type): self.client_of.get(m.metadata.dst_node_id) for m in messages}
+        if isinstance(messages, Outbox):
+            to = {(self.node_of[cid], messages.kind): self.client_of.get(self.node_of[cid]) for cid in messages.ids}
+        else:
+            to = {(m.metadata.dst_node_id, m.metadata.message_type): self.client_of.get(m.metadata.dst_node_id) for m in messages}
         evaluated: set[int] = set()
         carried: set[int] = set()
+        stream: Iterator[Message] = iter(messages)
         if held is not None:
-            messages, evaluated, carried = self._with_held(messages, held)
-        down = sum(payload_bytes(m.content) for m in messages)
-        replies = send_and_receive(grid, messages, timeout, window_for(grid))
+            stream, evaluated, carried = self._with_held(list(messages), held)
+        down = 0
+
+        def counted() -> Iterator[Message]:
+            nonlocal down
+            for m in stream:
+                down += payload_bytes(m.content)
+                yield m
+
+        outgoing = counted()
+        replies = send_and_receive(grid, outgoing, timeout, window_for(grid))
+        for _ in outgoing:  # not sent before the timeout: counted all the same, as every message of the phase
+            pass
         replies = [r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE)]
         up = sum(payload_bytes(r.content) for r in replies if not r.has_error())
         self._stop_if_a_state_is_missing(replies)

@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from pflower.state_round import STATE_ROUND
+
+if TYPE_CHECKING:
+    from pflower.strategies.federation import Outbox
 
 
 @dataclass
@@ -34,7 +37,7 @@ class HeldEvaluation:
 
     round: int
     config: dict[str, Any]
-    arrays: dict[int, ArrayRecord]
+    arrays: Mapping[int, ArrayRecord]  # a strategy's lazy records build each client's when its message is sent
     states: dict[int, int] = field(default_factory=dict)
     replies: list[Message] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
@@ -47,6 +50,13 @@ class HeldEvaluation:
         """The content of ``client``'s evaluation message."""
         pin = {STATE_ROUND: self.states[client]} if client in self.states else {}
         return RecordDict({"arrays": self.arrays[client], "config": ConfigRecord({**self.config, **pin})})
+
+    @classmethod
+    def of_outbox(cls, server_round: int, outbox: Outbox) -> HeldEvaluation:
+        """From the evaluation outbox of round ``server_round``: its clients' arrays (still
+        unbuilt where the strategy builds them lazily), its config and their state rounds."""
+        states = {cid: int(pin[STATE_ROUND]) for cid, pin in outbox.pins.items() if STATE_ROUND in pin}
+        return cls(server_round, dict(outbox.config), outbox.arrays, states)
 
     @classmethod
     def of(cls, server_round: int, messages: list[Message], client_of: Mapping[int, int]) -> HeldEvaluation:
@@ -64,6 +74,6 @@ class HeldEvaluation:
     def from_state_dict(cls, state: dict, arrays: Callable[[int, list[int]], Mapping[int, ArrayRecord]]) -> HeldEvaluation:
         """The evaluation a checkpoint held; ``arrays(round, clients)`` rebuilds what it sends."""
         clients = [int(c) for c in state["clients"]]
-        built = arrays(int(state["round"]), clients)
+        built = arrays(int(state["round"]), clients)  # exactly those clients' (lazy where the strategy builds them so)
         states = {int(c): int(r) for c, r in state.get("state-rounds", {}).items()}  # none in a checkpoint older than state-round
-        return cls(int(state["round"]), json.loads(state["config"]), {c: built[c] for c in clients}, states)
+        return cls(int(state["round"]), json.loads(state["config"]), built, states)

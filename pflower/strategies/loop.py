@@ -39,7 +39,7 @@ from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import RAY_NODES, Recorder
 from pflower.single_message import STATE_AFTER
-from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
+from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Outbox, Phase
 from pflower.strategies.gate import ReplyGate
 from pflower.strategies.held import HeldEvaluation
 from pflower.strategies.validation import ArraySpec, Reply
@@ -182,9 +182,17 @@ class PflStrategy(Strategy):
             return self.federation.ids
         return self.federation.sample(self.fraction_evaluate, server_round, EVALUATE_SAMPLE)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def evaluate_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """The config every evaluation message of ``server_round`` carries (default: ``config``)."""
+        return config
+
+    def evaluation_outbox(self, server_round: int, config: ConfigRecord) -> Outbox:
+        """Round ``server_round``'s evaluation messages, each built as it is sent (:class:`Outbox`)."""
         ids = self.evaluation_sample(server_round)
-        return self.federation.messages(ids, MessageType.EVALUATE, self.evaluate_arrays(server_round, ids), config)
+        return self.federation.outbox(ids, MessageType.EVALUATE, self.evaluate_arrays(server_round, ids), self.evaluate_config(server_round, config))
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+        return list(self.evaluation_outbox(server_round, config))
 
     def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
         """Mean and sample-weighted accuracy, and every other metric the replies share weighted by samples."""
@@ -208,11 +216,11 @@ class PflStrategy(Strategy):
         if not self.evaluates(rnd):
             return Phase([], 0, 0, [])
         self.federation.query_new_nodes(grid, self.round_timeout)  # e.g. a client that died in training and is back
-        msgs = self.configure_evaluate(rnd, self.global_arrays(), ConfigRecord({**config, STATE_AFTER: rnd}), grid)
+        outbox = self.evaluation_outbox(rnd, ConfigRecord({**config, STATE_AFTER: rnd}))
         if self.single_message and rnd < self.num_rounds:
-            self.federation.hold(HeldEvaluation.of(rnd, msgs, self.federation.client_of))
+            self.federation.hold(HeldEvaluation.of_outbox(rnd, outbox))
             return Phase([], 0, 0, [])
-        phase = self.federation.phase(grid, msgs, self.round_timeout)
+        phase = self.federation.phase(grid, outbox, self.round_timeout)
         self.evaluated(rnd, phase.replies, result)
         return phase
 

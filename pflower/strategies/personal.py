@@ -10,7 +10,7 @@ uploaded them, with every layer (pFedLA, pFedHN; FedFomo needs clients that keep
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from flwr.app import ArrayRecord
@@ -27,6 +27,36 @@ CHUNK = 16
 
 def chunks(items: Sequence) -> list[Sequence]:
     return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+
+
+class LazyRecords(Mapping[int, ArrayRecord]):
+    """The records of clients ``ids``, built when asked for, a chunk at a time: ``build(part)``
+    gives the records of one chunk of :func:`chunks` (the chunks an eager build of ``ids`` makes,
+    so the records are the same), and only the last chunk built is kept. An evaluation of N
+    clients sent through a message window then holds a chunk of models, not N of them.
+    ``build`` must read server state that stays as it is until the records are sent."""
+
+    def __init__(self, ids: Sequence[int], build: Callable[[Sequence[int]], Mapping[int, ArrayRecord]]):
+        self.ids = list(ids)
+        self._size = CHUNK
+        self._chunk_of = {cid: i // self._size for i, cid in enumerate(self.ids)}
+        self._build = build
+        self._built: tuple[int, Mapping[int, ArrayRecord]] = (-1, {})
+        self.builds = 0  # chunks built so far
+
+    def __getitem__(self, cid: int) -> ArrayRecord:
+        k = self._chunk_of[cid]
+        if self._built[0] != k:
+            self._built = (k, {})  # the previous chunk goes before the next is built
+            self._built = (k, self._build(self.ids[k * self._size : (k + 1) * self._size]))
+            self.builds += 1
+        return self._built[1][cid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 class PersonalModels(TrainRounds):

@@ -20,7 +20,7 @@ from pflower.config import Settings
 from pflower.models import layers
 from pflower.records import to_record
 from pflower.strategies.hypernetwork import ModelGenerator, generator_update
-from pflower.strategies.personal import PersonalModels, chunks
+from pflower.strategies.personal import LazyRecords, PersonalModels, chunks
 from pflower.strategies.validation import Reply
 
 
@@ -76,8 +76,10 @@ class PFedHN(PersonalModels):
     def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
         return self.generated(ids)
 
-    def evaluate_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
-        return self.generated(ids)
+    def evaluate_arrays(self, server_round: int, ids: list[int]) -> LazyRecords:
+        """The generated models, built a chunk at a time as they are sent (the hypernetwork
+        stays as it is until the next round's replies)."""
+        return LazyRecords(ids, self.generated)
 
     def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
         with torch.no_grad():

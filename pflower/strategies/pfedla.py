@@ -21,7 +21,7 @@ has not seen: its next message carries every layer, so what it starts from is kn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from logging import INFO
 
 import torch
@@ -33,7 +33,7 @@ from pflower.models import layers
 from pflower.records import to_record
 from pflower.similarity import alpha_structure
 from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_spread, mix
-from pflower.strategies.personal import PersonalModels, chunks
+from pflower.strategies.personal import LazyRecords, PersonalModels, chunks
 from pflower.strategies.validation import Reply
 
 #: Record alpha of every client in metrics.json up to this many clients (N x layers x N numbers).
@@ -83,17 +83,19 @@ class PFedLA(PersonalModels):
             mask.scatter_(1, torch.topk(own, self.top_k, dim=1).indices, True)
         return mask
 
-    def personalized(self, ids: list[int]) -> tuple[dict[int, ArrayRecord], dict[int, torch.Tensor]]:
+    def personalized(self, ids: Sequence[int], unsynced: Set[int] | None = None) -> tuple[dict[int, ArrayRecord], dict[int, torch.Tensor]]:
         """bar_theta_i of ``ids`` from the current weights and models, as records, and each
         client's retained layers ([L] bool). A client's record leaves out its retained layers,
-        unless it keeps no state: then they carry its own model (and its non-layer arrays)."""
+        unless it keeps no state: then they carry its own model (and its non-layer arrays).
+        ``unsynced``: the clients that get every layer (default: those unsynced now)."""
+        unsynced = self.unsynced if unsynced is None else unsynced
         records, retained = {}, {}
         with torch.no_grad():
             for part in chunks(ids):
                 idx = torch.tensor(part)
                 alpha = self.hn.alpha(idx)
                 mask = self.retained_layers(alpha, idx)
-                mask[[r for r, cid in enumerate(part) if cid in self.unsynced]] = False
+                mask[[r for r, cid in enumerate(part) if cid in unsynced]] = False
                 bar = mix(keep_retained(alpha, idx, mask), self.theta, self.segments)
                 for r, cid in enumerate(part):
                     records[cid] = self.record(cid, bar[r], (k for l, layer in enumerate(self.layers) if mask[r, l] for k in layer.keys))
@@ -106,9 +108,12 @@ class PFedLA(PersonalModels):
         self.unsynced |= set(ids)  # until their replies are accepted
         return records
 
-    def evaluate_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
-        """The personalized models after this round's update, as they would be sent for training."""
-        return self.personalized(ids)[0]
+    def evaluate_arrays(self, server_round: int, ids: list[int]) -> LazyRecords:
+        """The personalized models after this round's update, as they would be sent for training
+        now, built a chunk at a time as they are sent: the weights and models stay as they are
+        until the next round's replies, and the clients unsynced are those of now."""
+        unsynced = frozenset(self.unsynced)
+        return LazyRecords(ids, lambda part: self.personalized(part, unsynced)[0])
 
     def _retained_mask(self, ids: Sequence[int]) -> torch.Tensor:
         no = torch.zeros(len(self.layers), dtype=torch.bool)

@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import ConfigRecord, Message, MetricRecord
 
 from pflower.methods.superfed import POOLED_KEY
 from pflower.strategies.fedavg import FedAvg
@@ -19,11 +18,11 @@ class SuperFed(FedAvg):
         super().__init__(**kwargs)
         self.pooled_val_loss: list[float] = []  # the last evaluation's; empty before the first
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def evaluate_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """Send the previous evaluation's pooled held-out curve along (none before the first)."""
         if self.pooled_val_loss:
-            config = ConfigRecord({**config, POOLED_KEY: list(self.pooled_val_loss)})
-        return super().configure_evaluate(server_round, arrays, config, grid)
+            return ConfigRecord({**config, POOLED_KEY: list(self.pooled_val_loss)})
+        return config
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Pool the trained clients' held-out loss curves, weighted by their held-out sizes."""
