@@ -179,13 +179,22 @@ def submit(
             cmd += ["--run-config", run_config]
         proc = subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if echo:
-                print(line, end="", flush=True)
-            if on_line is not None:
-                on_line(line)
-        proc.wait()
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if echo:
+                    print(line, end="", flush=True)
+                if on_line is not None:
+                    on_line(line)
+            proc.wait()
+        finally:  # interrupted (Ctrl-C, SIGTERM): `flwr run` does not outlive this process
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     text = "".join(lines)
     found = re.search(r"Successfully started run (\d+)", text)
     if not found:
