@@ -224,6 +224,28 @@ def test_state_store_loads_exactly_the_round_named_or_says_what_it_searched(tmp_
         StateStore(9, tmp_path / "new").load_round("L", 1)
 
 
+def test_a_saved_pointer_reads_its_own_file_and_a_save_links_the_run_it_resumed(tmp_path):
+    """What a context's pointer names is read from the primary root directly (a damaged file is
+    named; a missing one is searched for as ``load_round`` does); a store that resumed another
+    run names that run in its lineage folder on its first save, so a run resumed from it later
+    finds the states of clients that trained only before (a chain)."""
+    from pflower.client_app.store import LINK
+    from pflower.state_round import MissingStateError
+
+    store = StateStore(4, tmp_path / "new", tmp_path / "old")
+    assert not (tmp_path / "new" / "L" / LINK).exists()
+    path = store.save("L", 3, RecordDict({"personal": to_record({"w": torch.full((2,), 3.0)})}))
+    assert json.loads((tmp_path / "new" / "L" / LINK).read_text()) == [str(tmp_path / "old")]
+    assert torch.equal(from_record(store.load_saved("L", 3)["personal"])["w"], torch.full((2,), 3.0))
+    StateStore(4, tmp_path / "old").save("L", 2, RecordDict({"personal": to_record({"w": torch.full((2,), 2.0)})}))
+    assert torch.equal(from_record(store.load_saved("L", 2)["personal"])["w"], torch.full((2,), 2.0))
+    with pytest.raises(MissingStateError, match=r"^client 4 has no saved state of round 7 \(lineage L\)"):
+        store.load_saved("L", 7)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(StateError, match=f"^the saved client state {path} cannot be read"):
+        store.load_saved("L", 3)
+
+
 def test_the_round_each_client_last_trained_in_is_sent_and_checkpointed(tmp_path, grid_factory):
     """Each message names the round in which its client last trained (0: never), as the messages
     sent so far say; the checkpoint keeps those rounds and a resumed strategy has them back."""

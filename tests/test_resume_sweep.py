@@ -72,6 +72,7 @@ def _new_process() -> None:
     """Drop what a ClientApp process caches (models, method objects, runtimes): a new process."""
     client_app._shared.cache_clear()
     client_app._runtime.cache_clear()
+    client_app._store.cache_clear()
 
 
 def _run(cfg: dict, grid: InProcessGrid | None = None) -> dict:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
@@ -60,7 +60,10 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
     if riding is None:
         return call_next(msg, context)
     try:
-        outcome = runtime(context, msg).evaluation(context, riding.config, riding.arrays)
+        rt = runtime(context, msg)
+        if SAVED in context.state and msg.metadata.message_type != MessageType.QUERY:
+            rt.unpack(context)  # the message trains from the state the evaluation measures: read it once
+        outcome = rt.evaluation(context, riding.config, riding.arrays)
     except Exception as err:  # noqa: BLE001 - reported to the server as the evaluation's error
         log(ERROR, "The evaluation riding on this message failed: %s: %s", type(err).__name__, err)
         outcome = single_message.failure(err)
@@ -146,9 +149,8 @@ class Runtime:
     def store(self, context: Context) -> StateStore:
         """This client's saved states: in the node config's ``state-dir`` if set, else the run
         config's (by default under results-dir, falling back to the resumed run's directory)."""
-        if root := context.node_config.get("state-dir"):
-            return StateStore(self.client_id, Path(str(root)).expanduser().resolve())
-        return StateStore(self.client_id, *self.settings.state_paths)
+        root = context.node_config.get("state-dir")
+        return _store(self.settings, self.client_id, str(root) if root else None)
 
     def personal_state(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> RecordDict:
         """This client's state: its context's, else the saved file its context names (its state
@@ -163,8 +165,7 @@ class Runtime:
         if PERSONAL in context.state:
             return context.state
         if SAVED in context.state:
-            saved = context.state[SAVED]
-            return self.store(context).load_round(str(saved["lineage"]), int(saved["round"]))
+            return self._pointed(context)
         if lineage and state_round != 0:
             store = self.store(context)
             saved = store.load(lineage, after_round + 1) if state_round is None else store.load_round(lineage, state_round)
@@ -181,13 +182,24 @@ class Runtime:
     def resume(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> nn.Module:
         """:meth:`personal_model` of :meth:`personal_state`, which the context holds from now on
         (a message that trains changes it)."""
-        state = self.personal_state(context, lineage, after_round, state_round)
+        self._hold(context, self.personal_state(context, lineage, after_round, state_round))
+        return self.personal_model(context.state)
+
+    def unpack(self, context: Context) -> None:
+        """The state a context's pointer (:data:`SAVED`) names into the context, in its place."""
+        self._hold(context, self._pointed(context))
+
+    def _pointed(self, context: Context) -> RecordDict:
+        saved = context.state[SAVED]
+        return self.store(context).load_saved(str(saved["lineage"]), int(saved["round"]))
+
+    @staticmethod
+    def _hold(context: Context, state: RecordDict) -> None:
         if state is not context.state:
             for name in list(context.state.keys()):
                 del context.state[name]
             for name, record in state.items():
                 context.state[name] = record
-        return self.personal_model(context.state)
 
     def evaluation(self, context: Context, config: ConfigRecord, arrays: ArrayRecord) -> MetricRecord:
         """The metrics of the personalized model (personal state + ``arrays``) in the run's test
@@ -247,6 +259,12 @@ def _shared(settings: Settings, shape: tuple[int, int, int] | None = None, num_c
     method = client_method(settings)
     fresh = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Shared(model, method, GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval), fresh)
+
+
+@lru_cache(maxsize=4096)
+def _store(settings: Settings, client_id: int, state_dir: str | None) -> StateStore:
+    """A client's :class:`StateStore`, its folders resolved once (not on every message)."""
+    return StateStore(client_id, Path(state_dir).expanduser().resolve()) if state_dir else StateStore(client_id, *settings.state_paths)
 
 
 @lru_cache(maxsize=4096)

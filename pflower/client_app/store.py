@@ -108,6 +108,14 @@ class StateError(RuntimeError):
     """A saved client state that cannot be read; the message names the file."""
 
 
+def _read_file(path: Path) -> RecordDict:
+    """The state in the file ``path``; :class:`StateError` naming it if it cannot be read or is damaged."""
+    try:
+        return decode(path.read_bytes())
+    except Exception as err:  # noqa: BLE001 - truncated or damaged: named, never a traceback
+        raise StateError(f"the saved client state {path} cannot be read ({err}); it is damaged: resume from a run whose client states are whole") from None
+
+
 class StateStore:
     """The saved states of one client (see the module docstring)."""
 
@@ -134,6 +142,7 @@ class StateStore:
         """Write the state after ``server_round``; keep the newest :data:`KEEP` files and every
         one from ``pinned`` on (the round the server named in this message: while the server has
         not received a newer training reply, a resume names that round)."""
+        self._link(lineage)
         return self._write(self._dir(self.roots[0], lineage), server_round, encode(state), pinned)
 
     def _link(self, lineage: str) -> None:
@@ -163,10 +172,7 @@ class StateStore:
 
     def _read(self, root: Path, lineage: str, path: Path) -> RecordDict:
         """The state in ``path`` (found under ``root``), copied into the primary root if it is a fallback."""
-        try:
-            state = decode(path.read_bytes())
-        except Exception as err:  # noqa: BLE001 - truncated or damaged: named, never a traceback
-            raise StateError(f"the saved client state {path} cannot be read ({err}); it is damaged: resume from a run whose client states are whole") from None
+        state = _read_file(path)
         if root != self.roots[0]:
             self._write(self._dir(self.roots[0], lineage), int(path.stem.split("-")[1]), encode(state))
         return state
@@ -181,6 +187,12 @@ class StateStore:
             if saved := [r for r in files if r < before_round]:
                 return self._read(root, lineage, files[max(saved)])
         return None
+
+    def load_saved(self, lineage: str, server_round: int) -> RecordDict:
+        """The state this store saved after ``server_round`` (what a context's :data:`SAVED`
+        names): its file in the primary root, read directly; :meth:`load_round` if it is not there."""
+        path = self._dir(self.roots[0], lineage) / f"round-{server_round:06d}{SUFFIX}"
+        return _read_file(path) if path.is_file() else self.load_round(lineage, server_round)
 
     def load_round(self, lineage: str, server_round: int) -> RecordDict:
         """The state saved after ``server_round``, searched through the roots of :meth:`chain`;
