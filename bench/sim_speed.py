@@ -199,7 +199,7 @@ def main() -> int:
         name = "one message a round" if flag else "two phases a round "
         per_run = [steady(r["rounds"]) for r in done]
         totals = [sum(r["rounds"]) for r in done]
-        print(f"pflower simulation ({os.cpu_count()} workers), {name}: {statistics.median(per_run):.3f} s/round "
+        print(f"pflower simulation ({max(1, (os.cpu_count() or 1) // args.cpus_per_client)} ClientApp actors), {name}: {statistics.median(per_run):.3f} s/round "
               f"(runs {', '.join(f'{x:.3f}' for x in per_run)}; all rounds {statistics.median(totals):.1f} s)")  # fmt: skip
         for threads, times in plain.items():
             print(f"  ratio to plain ({threads} thread{'s' * (threads > 1)}): {statistics.median(per_run) / steady(times):.2f}")

@@ -117,9 +117,15 @@ class FlatSpec:
     def flatten(self, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([state[k].detach().reshape(-1).float() for k in self.keys])
 
-    def stack(self, states: Iterable[Mapping[str, torch.Tensor]]) -> torch.Tensor:
-        """Rows of flattened states: shape [n, size]."""
-        return torch.stack([self.flatten(s) for s in states])
+    def stack(self, states: Iterable[Mapping[str, torch.Tensor]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows of flattened states: shape [n, size], each value as :meth:`flatten` has it
+        (float32), held as ``dtype``: written into one tensor, never a copy per row."""
+        states = list(states)
+        out = torch.empty((len(states), self.size), dtype=dtype)
+        for row, state in zip(out, states):
+            for k, a, b in zip(self.keys, self.offsets[:-1], self.offsets[1:]):
+                row[a:b] = state[k].detach().reshape(-1).float()
+        return out
 
     def unflatten(self, vec: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: vec[a:b].reshape(shape) for k, shape, a, b in zip(self.keys, self.shapes, self.offsets[:-1], self.offsets[1:])}

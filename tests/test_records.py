@@ -42,6 +42,29 @@ def test_flat_spec_stack_and_unflatten():
     assert torch.allclose(back["a.weight"], STATE["a.weight"] + 1)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stack_held_as_float64_has_exactly_the_float32_rows_values(seed):
+    """Stacking straight into float64 (the averages' input) gives the bytes of stacking as
+    float32, then converting: every dtype a state may hold (large int64 counters and float64
+    values round through float32 as before)."""
+    g = torch.Generator().manual_seed(seed)
+    state = lambda: {  # noqa: E731
+        "w": torch.randn(5, 3, generator=g) * 10.0 ** torch.randint(-30, 30, (1,), generator=g).item(),
+        "h": torch.randn(4, generator=g).half(),
+        "d": torch.randn(6, generator=g, dtype=torch.float64) * 1e300,
+        "n": torch.randint(-(2**62), 2**62, (3,), generator=g),
+        "b": torch.tensor(16777217),
+        "e": torch.empty(0, 2),
+    }
+    states = [state() for _ in range(int(torch.randint(1, 6, (1,), generator=g)))]
+    spec = FlatSpec.of(states[0])
+    old = torch.stack([spec.flatten(s) for s in states]).double()
+    new = spec.stack(states, torch.float64)
+    assert new.dtype == torch.float64 and new.shape == old.shape
+    assert new.numpy().tobytes() == old.numpy().tobytes()
+    assert spec.stack(states).numpy().tobytes() == torch.stack([spec.flatten(s) for s in states]).numpy().tobytes()
+
+
 def test_arrays_are_flowers_byte_for_byte_and_read_back_as_np_load_reads_them():
     """The fast paths of :func:`to_record` and :func:`from_record` give what ``Array(ndarray)``
     and ``Array.numpy()`` give; bytes that are not exactly np.save's for the declared dtype and

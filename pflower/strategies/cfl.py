@@ -167,7 +167,7 @@ class ClusteredFL(TrainRounds):
 
     def _average(self, replies: list[Reply]) -> dict[str, torch.Tensor]:
         weights = torch.tensor([float(r.num_examples) for r in replies], dtype=torch.float64)
-        flat = weighted_average(self.model_spec.stack(r.arrays for r in replies).double(), weights)
+        flat = weighted_average(self.model_spec.stack((r.arrays for r in replies), torch.float64), weights)
         return {k: v.to(self.dtypes[k]) for k, v in self.model_spec.unflatten(flat).items()}
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
@@ -182,7 +182,7 @@ class ClusteredFL(TrainRounds):
                 models.append(model)
                 stats.append({"clients": members, "replied": 0})
                 continue
-            updates = self.update_spec.stack(r.arrays for r in got).double() - self.update_spec.flatten(model).double()
+            updates = self.update_spec.stack((r.arrays for r in got), torch.float64) - self.update_spec.flatten(model).double()
             weights = torch.tensor([float(r.num_examples) for r in got], dtype=torch.float64)
             may_split = server_round > self.warmup_rounds and len(got) == len(members) and len(members) >= self.min_split_size
             record, parts = split_check(updates, weights, eps1=self.eps1, eps2=self.eps2, gamma_max=self.gamma_max, may_split=may_split)

@@ -130,7 +130,7 @@ class FedAvg(TrainRounds):
         if units not in self._specs:
             self._specs[units] = FlatSpec.of(self.global_state, self.sharing.keys_of(units))
         spec = self._specs[units]
-        stacked = spec.stack(r.arrays for r in replies).double()
+        stacked = spec.stack((r.arrays for r in replies), torch.float64)
         if self.aggregation == "mean":
             weights = torch.tensor([r.num_examples for r in replies], dtype=torch.float64)
             flat = weighted_average(stacked, weights)
