@@ -125,6 +125,12 @@ def steady(rounds: list[float]) -> float:
     return statistics.median(rounds[1:])
 
 
+def checkout(path: Path) -> str:
+    """A pflower checkout by its commit (its folder's name where git cannot tell)."""
+    got = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    return f"commit {got.stdout.strip()}" if got.returncode == 0 else path.name
+
+
 def draw(table: dict[int, dict[str, float]], path: Path, stamp: str) -> None:
     import matplotlib
 
@@ -135,7 +141,7 @@ def draw(table: dict[int, dict[str, float]], path: Path, stamp: str) -> None:
     counts = sorted(table)
     for v in dict.fromkeys(v for n in counts for v in table[n]):
         xs = [n for n in counts if v in table[n]]
-        label = LABELS.get(v, f"pflower before ({Path(v.partition('@')[2]).name})")
+        label = LABELS.get(v) or f"pflower at {checkout(Path(v.partition('@')[2]))}"
         ax.plot(xs, [table[n][v] for n in xs], marker="o", label=label, linestyle="--" if "@" in v else "-")
     ax.set(xscale="log", yscale="log", xlabel="clients (the MNIST test set shared out)", ylabel="steady round (s)",
            title=f"Cheap clients: round time against clients\n{stamp}")  # fmt: skip
