@@ -239,13 +239,16 @@ def test_bytes_each_way_are_k_models(tmp_path, no_figures):
 def test_pi_stays_personal_and_fedem_learns_on_the_default_data(tmp_path, no_figures):
     """Three rounds on digits (3 clients of 4 classes each, the default 5 local epochs, K = 2):
     the mean test accuracy rises every round; each client's π is its own, a distribution, no
-    longer uniform, and kept in its personal state."""
+    longer uniform, kept in its personal state, and recorded in metrics.json."""
     doc, _, grid = _run(tmp_path, "fedem", 3, fedem__components=2)
     acc = [r["accuracy"] for r in doc["rounds"]]
     assert acc[0] < acc[1] < acc[2] and acc[2] > acc[0] + 0.2, acc
-    pis = [from_record(client_state(ctx)[PERSONAL])[PI] for ctx in grid.contexts.values()]
-    assert all(float(p.sum()) == pytest.approx(1.0, abs=1e-6) and not torch.equal(p, torch.full((2,), 0.5)) for p in pis)
-    assert not torch.equal(pis[0], pis[1])
+    pis = {str(ctx.node_config["partition-id"]): from_record(client_state(ctx)[PERSONAL])[PI] for ctx in grid.contexts.values()}
+    assert all(float(p.sum()) == pytest.approx(1.0, abs=1e-6) and not torch.equal(p, torch.full((2,), 0.5)) for p in pis.values())
+    first, second = list(pis.values())[:2]
+    assert not torch.equal(first, second)
+    reported = doc["rounds"][-1][PI_METRIC]  # the π of each client's last round, as metrics.json records it
+    assert reported == {c: [round(float(x), 6) for x in p] for c, p in pis.items()}
     assert doc["evaluation"]["evaluates"].startswith("the mixture of the K components")
 
 

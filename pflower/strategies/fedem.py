@@ -5,7 +5,8 @@ E-step, :mod:`pflower.client_app.fedem`), so each component's average is the one
 weighted-likelihood M-step over all clients' samples. The client reports its π in the training
 reply (``fedem-pi``, required, of length K). A component that no replying client uses (every
 weight 0) keeps its value. With ``aggregation`` 'median' or 'trimmed-mean' the averages are
-unweighted, as FedAvg's. π is never averaged: each client keeps its own.
+unweighted, as FedAvg's. π is never averaged: each client keeps its own; each round's row of
+metrics.json records the π the clients reported (``fedem-pi``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class FedEM(FedAvg):
         super().__init__(**kwargs)
         self.components = 0
         self.component_specs: list[FlatSpec] = []
+        self.pi: dict[int, list[float]] = {}  # the round's replies' π, by client (metrics.json)
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:
         super().prepare(initial_arrays)
@@ -52,6 +54,7 @@ class FedEM(FedAvg):
         self.gate.schemas[MessageType.TRAIN] = train
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        self.pi = {r.client_id: list(r.metrics[PI_METRIC]) for r in replies}
         if self.aggregation != "mean":
             return super().aggregate(server_round, replies)
         weights = component_weights(replies, self.components)
@@ -62,3 +65,7 @@ class FedEM(FedAvg):
             for k, v in spec.unflatten(flat).items():
                 self.global_state[k] = v.to(self.dtypes[k])
         self._records.clear()
+
+    def round_extras(self, server_round: int) -> dict:
+        """``fedem-pi``: the π each client that trained this round reported (after its M-step)."""
+        return {**super().round_extras(server_round), PI_METRIC: {str(c): [round(float(p), 6) for p in pi] for c, pi in sorted(self.pi.items())}}
