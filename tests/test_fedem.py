@@ -1,9 +1,12 @@
 """FedEM: the E-step's responsibilities, the M-step's π and one weighted step of each component
 by hand on two fixed linear components and three samples; the π-mixture's prediction by hand;
-the server's per-component, sample-weighted average; K = 1 as FedAvg, number for number; the
-bytes each way (K models); the keys' bounds; the replies the server refuses (π, a missing or
-non-finite component); an E-step whose losses are not all finite; and in process: π stays
-personal and FedEM learns on the default data."""
+the server's per-component average weighted by n_t π_tk, and the π it requires of every
+training reply; K = 1 as FedAvg, number for number; the bytes each way (K models); the keys'
+bounds; the replies the server refuses (π among the arrays, a missing or non-finite component);
+an E-step whose losses are not all finite; without Flower, two groups of clients with opposite
+labels that specialize the two components under SGD and Adam (and the authors' weighting that
+does not under Adam); and in process: π stays personal, metrics.json records it, and FedEM
+learns on the default data."""
 
 import json
 import math
