@@ -1,9 +1,12 @@
 """FedEM: the E-step's responsibilities, the M-step's π and one weighted step of each component
 by hand on two fixed linear components and three samples; the π-mixture's prediction by hand;
-the server's per-component, sample-weighted average; K = 1 as FedAvg, number for number; the
-bytes each way (K models); the keys' bounds; the replies the server refuses (π, a missing or
-non-finite component); an E-step whose losses are not all finite; and in process: π stays
-personal and FedEM learns on the default data."""
+the server's per-component average weighted by n_t π_tk, and the π it requires of every
+training reply; K = 1 as FedAvg, number for number; the bytes each way (K models); the keys'
+bounds; the replies the server refuses (π among the arrays, a missing or non-finite component);
+an E-step whose losses are not all finite; without Flower, two groups of clients with opposite
+labels that specialize the two components under SGD and Adam (and the authors' weighting that
+does not under Adam); and in process: π stays personal, metrics.json records it, and FedEM
+learns on the default data."""
 
 import json
 import math
@@ -21,6 +24,7 @@ from pflower.client_app.app import PERSONAL
 from pflower.client_app.fedem import responsibilities, sample_losses, weighted_cross_entropy
 from pflower.config import ConfigError, load_settings
 from pflower.datasets import Split
+from pflower.methods.fedem import PI_METRIC
 from pflower.models.mixture import PI, Mixture
 from pflower.records import from_record, payload_bytes, to_record
 from pflower.strategies.validation import Reply
@@ -84,9 +88,9 @@ def _client(**kw):
 
 
 def test_one_round_of_the_client_by_hand():
-    """π ← mean q; each component takes one SGD step on mean_i q_ki CE_ki (the three samples one
-    batch): ∇_{W_k} = Σ_i q_ki (softmax_ki − e_{y_i}) x_iᵀ / 3; the loss reported is Σ_k of the
-    components' weighted losses at the step."""
+    """π ← mean q; each component takes one SGD step on mean_i (q_ki / π_k) CE_ki (the three
+    samples one batch): ∇_{W_k} = Σ_i (q_ki / π_k) (softmax_ki − e_{y_i}) x_iᵀ / 3; the loss
+    reported is Σ_k of the components' weighted losses at the step."""
     model = _toy()
     q = responsibilities(sample_losses(model, Split(X, Y)), model.pi)
     before = [c.weight.detach().clone() for c in model.components]
@@ -95,10 +99,11 @@ def test_one_round_of_the_client_by_hand():
     expected_loss = 0.0
     for k, c in enumerate(model.components):
         logits = X @ before[k].T
-        g = (logits.softmax(1) - F.one_hot(Y, 2)) * q[k][:, None] / 3
+        w = q[k] / q[k].mean()
+        g = (logits.softmax(1) - F.one_hot(Y, 2)) * w[:, None] / 3
         assert torch.allclose(c.weight, before[k] - LR * g.T @ X, atol=1e-6), k
         assert torch.allclose(c.bias, -LR * g.sum(0), atol=1e-6), k
-        expected_loss += float((q[k] * -torch.log(torch.tensor(P[k]))).mean())
+        expected_loss += float((w * -torch.log(torch.tensor(P[k]))).mean())
     assert loss == pytest.approx(expected_loss, rel=1e-6)
 
 
@@ -149,19 +154,45 @@ def test_the_client_uploads_the_components_and_keeps_pi():
     assert {k.split(".")[1] for k in keys} == {"0", "1", "2"} and any("running_mean" in k for k in keys)
 
 
-def test_the_server_averages_each_component_by_samples():
-    """Two replies of 10 and 30 samples: every key of every component becomes its 1:3 mean; π is
-    neither sent nor averaged."""
+def test_the_server_averages_each_component_by_samples_times_pi():
+    """Two replies of 10 and 30 samples with π (0.2, 0.8) and (0.6, 0.4): component 0 becomes
+    the 2:18 mean (10·0.2 : 30·0.6), component 1 the 8:12 mean; π is neither sent nor averaged.
+    A component no reply uses (π_k = 0 everywhere) keeps its value."""
     settings = load_settings(run_config(method="fedem", fedem__components=2))
     strategy = build_strategy(settings)
     strategy.prepare(strategy.initial_arrays)
     assert PI not in strategy.upload_spec and PI not in strategy.global_arrays().keys()
     torch.manual_seed(3)
     ups = [{k: torch.randn_like(v) for k, v in strategy.global_state.items()} for _ in range(2)]
-    strategy.aggregate(1, [Reply(0, 10, {}, ups[0]), Reply(1, 30, {}, ups[1])])
+    strategy.aggregate(1, [Reply(0, 10, {PI_METRIC: [0.2, 0.8]}, ups[0]), Reply(1, 30, {PI_METRIC: [0.6, 0.4]}, ups[1])])
     assert {k.split(".")[1] for k in strategy.global_state} == {"0", "1"}
     for k, v in strategy.global_state.items():
-        assert torch.allclose(v, 0.25 * ups[0][k] + 0.75 * ups[1][k], atol=1e-6), k
+        a = 0.1 if k.startswith("components.0.") else 0.4
+        assert torch.allclose(v, a * ups[0][k] + (1 - a) * ups[1][k], atol=1e-6), k
+    before = dict(strategy.global_state)
+    strategy.aggregate(2, [Reply(0, 10, {PI_METRIC: [1.0, 0.0]}, ups[0]), Reply(1, 30, {PI_METRIC: [1.0, 0.0]}, ups[1])])
+    for k, v in strategy.global_state.items():
+        if k.startswith("components.1."):
+            assert torch.equal(v, before[k]), k
+        else:
+            assert torch.allclose(v, 0.25 * ups[0][k] + 0.75 * ups[1][k], atol=1e-6), k
+
+
+def test_the_server_requires_pi_of_length_k_in_every_training_reply():
+    from pflower.strategies.validation import Rejected, check_metrics
+
+    strategy = build_strategy(load_settings(run_config(method="fedem", fedem__components=3)))
+    strategy.prepare(strategy.initial_arrays)
+    schema = strategy.gate.schemas["train"]
+    check_metrics({"num-examples": 5, "client-id": 0, "train-loss": 1.0, PI_METRIC: [0.2, 0.3, 0.5]}, schema, num_clients=2)
+    for metrics, reason in [
+        ({"num-examples": 5}, "missing"),
+        ({"num-examples": 5, PI_METRIC: [0.5, 0.5]}, "length"),
+        ({"num-examples": 5, PI_METRIC: [0.5, 1.5, 0.0]}, "range"),
+    ]:
+        with pytest.raises(Rejected) as err:
+            check_metrics(metrics, schema, num_clients=2)
+        assert err.value.reason.endswith(reason), (metrics, err.value.reason)
 
 
 @pytest.mark.parametrize("value", [0, 33])
@@ -211,13 +242,16 @@ def test_bytes_each_way_are_k_models(tmp_path, no_figures):
 def test_pi_stays_personal_and_fedem_learns_on_the_default_data(tmp_path, no_figures):
     """Three rounds on digits (3 clients of 4 classes each, the default 5 local epochs, K = 2):
     the mean test accuracy rises every round; each client's π is its own, a distribution, no
-    longer uniform, and kept in its personal state."""
+    longer uniform, kept in its personal state, and recorded in metrics.json."""
     doc, _, grid = _run(tmp_path, "fedem", 3, fedem__components=2)
     acc = [r["accuracy"] for r in doc["rounds"]]
     assert acc[0] < acc[1] < acc[2] and acc[2] > acc[0] + 0.2, acc
-    pis = [from_record(client_state(ctx)[PERSONAL])[PI] for ctx in grid.contexts.values()]
-    assert all(float(p.sum()) == pytest.approx(1.0, abs=1e-6) and not torch.equal(p, torch.full((2,), 0.5)) for p in pis)
-    assert not torch.equal(pis[0], pis[1])
+    pis = {str(ctx.node_config["partition-id"]): from_record(client_state(ctx)[PERSONAL])[PI] for ctx in grid.contexts.values()}
+    assert all(float(p.sum()) == pytest.approx(1.0, abs=1e-6) and not torch.equal(p, torch.full((2,), 0.5)) for p in pis.values())
+    first, second = list(pis.values())[:2]
+    assert not torch.equal(first, second)
+    reported = doc["rounds"][-1][PI_METRIC]  # the π of each client's last round, as metrics.json records it
+    assert reported == {c: [round(float(x), 6) for x in p] for c, p in pis.items()}
     assert doc["evaluation"]["evaluates"].startswith("the mixture of the K components")
 
 
@@ -265,3 +299,78 @@ def test_the_server_refuses_a_reply_with_pi_a_missing_component_or_a_non_finite_
             with pytest.raises(Rejected) as err:
                 check_arrays(to_record(state), strategy.upload_spec)
             assert err.value.reason == reason
+
+
+def _flipped_labels(groups: list[int], n: int = 64) -> list[tuple[Split, Split]]:
+    """Per client (train, test) of 2-d Gaussian points, the label 1[x_1 > 0] in group 0 and its
+    opposite in group 1: no single model fits both groups, a mixture of two does."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for group in groups:
+        x = torch.randn(2 * n, 2, generator=gen)
+        y = (x[:, 0] > 0).long() ^ group
+        out.append((Split(x[:n], y[:n]), Split(x[n:], y[n:])))
+    return out
+
+
+def _toy_federation(optimizer: str, lr: float, rounds: int, authors: bool = False) -> tuple[list[torch.Tensor], list[float]]:
+    """FedEM without Flower on :func:`_flipped_labels` (3 clients per group, K = 2 linear
+    components, 1 local epoch of batches of 16): the client's E-step, M-step and training, the
+    server's :meth:`FedEM.aggregate`. ``authors``: their weighting instead (loss weights q, the
+    server's weights n_t). Returns each client's π and test accuracy after ``rounds``."""
+    from pflower.client_app import fedem as client_fedem
+    from pflower.strategies.fedem import FedEM
+
+    groups = [0, 0, 0, 1, 1, 1]
+    data = _flipped_labels(groups)
+    client = client_method(load_settings(run_config(method="fedem", optimizer=optimizer, lr=lr, batch_size=16, local_epochs=1, fedem__components=2)))
+    torch.manual_seed(0)
+    model = Mixture(nn.Linear(2, 2), 2)
+    keys = [k for k in model.state_dict() if k != PI]
+    server = FedEM()
+    server.prepare(to_record(model.state_dict(), keys))
+    states = [{PI: model.pi.clone()} for _ in groups]
+    weigh, threads = client_fedem.sample_weights, torch.get_num_threads()
+    if authors:
+        client_fedem.sample_weights = lambda q, pi: q
+    torch.set_num_threads(1)  # tiny tensors: one thread is the fastest, as the ClientApp's (client-threads)
+    try:
+        for rnd in range(1, rounds + 1):
+            replies = []
+            for c, (train, _) in enumerate(data):
+                model.load_state_dict(server.global_state | states[c])
+                metrics = client.before_fit(model, train, RecordDict(), rnd)
+                client.fit(model, train, {}, seed=100 * rnd + c, server_round=rnd)
+                states[c] = {PI: model.pi.clone()}
+                metrics = {PI_METRIC: [0.5, 0.5]} if authors else metrics  # equal weights: the server's are n_t
+                replies.append(Reply(c, len(train), metrics, {k: v.clone() for k, v in model.state_dict().items() if k in keys}))
+            server.aggregate(rnd, replies)
+    finally:
+        client_fedem.sample_weights = weigh
+        torch.set_num_threads(threads)
+    accuracy = []
+    for c, (_, test) in enumerate(data):
+        model.load_state_dict(server.global_state | states[c])
+        accuracy.append(evaluate(model, test).accuracy)
+    return [s[PI] for s in states], accuracy
+
+
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.5), ("adam", 0.05)])
+def test_two_groups_specialize_the_two_components(optimizer, lr):
+    """On two groups of clients with opposite labels, after 20 rounds each group puts > 0.9 of π
+    on its own component, the two groups on different ones, and every client's mixture is right
+    on > 90 % of its test points (one model would be right on about half)."""
+    pis, accuracy = _toy_federation(optimizer, lr, 20)
+    a, b = int(pis[0].argmax()), int(pis[3].argmax())
+    assert a != b, pis
+    assert all(float(p[a]) > 0.9 for p in pis[:3]) and all(float(p[b]) > 0.9 for p in pis[3:]), pis
+    assert min(accuracy) > 0.9, accuracy
+
+
+def test_with_adam_the_authors_weighting_leaves_the_components_alike():
+    """The authors' weighting (loss weights q, the server's n_t) under Adam: π still drifts apart
+    but each component trains at Adam's full step on every client, so neither fits a group and
+    the mixtures stay near chance; the same run with the n_t π_tk weighting fits both groups
+    (:func:`test_two_groups_specialize_the_two_components`)."""
+    _, accuracy = _toy_federation("adam", 0.05, 20, authors=True)
+    assert sum(accuracy) / len(accuracy) < 0.7, accuracy

@@ -7,10 +7,16 @@ kept in its personal state. A round, as the authors' code orders it (``MixtureCl
    q_ik = π_k exp(−ℓ_k(x_i, y_i)) / Σ_j π_j exp(−ℓ_j(x_i, y_i)), ℓ_k component k's cross-entropy;
 2. M-step: π_k = mean_i q_ik;
 3. each component k trained for the round's local training (``local-epochs``, or
-   ``local-steps`` steps each) on the loss mean_{i in batch} q_ik ℓ_k(x_i, y_i), its own
-   parameters only, through the one training loop with the round's seed.
+   ``local-steps`` steps each) on the loss mean_{i in batch} (q_ik / π_k) ℓ_k(x_i, y_i), its
+   own parameters only, through the one training loop with the round's seed: the weighted mean
+   of its losses over the samples it explains (the weights average 1 over the client's data).
 
-The client uploads the K trained components; π never leaves it.
+The client uploads the K trained components and π (the reply metric ``fedem-pi``); the server
+averages component k with the weights n_t π_tk, the samples each client's component k
+explains (:mod:`pflower.strategies.fedem`). The authors' code divides by the batch size alone
+and averages by n_t: with SGD the responsibilities then scale each client's step, but Adam
+normalizes that scale away, every component takes the same full step on every client's data,
+and no component specializes (docs/methods/fedem.md). π is not averaged: the client keeps its own.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from torch import nn
 
 from pflower.client_app.base import ClientMethod
 from pflower.datasets import Split
+from pflower.methods.fedem import PI_METRIC
 from pflower.models import communicable_keys
 from pflower.models.mixture import COMPONENTS, Mixture
 from pflower.training import batches
@@ -54,29 +61,55 @@ def responsibilities(losses: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
 
 
 def weighted_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """mean_i w_i CE(logits_i, y_i): the batch's size divides, not the weights' sum (the authors'
-    code), so a component trains less on a client whose samples it explains less."""
+    """mean_i w_i CE(logits_i, y_i): the batch's size divides (the weights are q_ik / π_k, whose
+    mean over the client's data is 1)."""
     return (F.cross_entropy(logits, y, reduction="none") * weights).mean()
+
+
+def sample_weights(q: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """w [K, n], w_ki = q_ki / π_k (0 where π_k = 0: the component explains none of the client's
+    samples, and the server gives its upload the weight n_t π_k = 0)."""
+    return torch.where(pi[:, None] > 0, q / pi[:, None].clamp_min(torch.finfo(q.dtype).tiny), 0.0)
+
+
+def em_step(model: Mixture, data: Split) -> torch.Tensor:
+    """The E-step's q [K, n] with the model's components and π; π set to the M-step's mean q."""
+    q = responsibilities(sample_losses(model, data), model.pi)
+    model.pi.copy_(q.mean(1))
+    return q
 
 
 class FedEMClient(ClientMethod):
     EVALUATES = "the mixture of the K components as the server sends them, weighted by its own π (the π-weighted mean of their softmax outputs)"
 
+    def __init__(self, settings):
+        super().__init__(settings)
+        self._q: torch.Tensor | None = None  # the E-step of the message at hand (before_fit to fit)
+
     def upload_keys(self, model: nn.Module) -> list[str]:
         """The K components (parameters and float buffers); π stays."""
         return [k for k in communicable_keys(model) if k.startswith(COMPONENTS)]
 
+    def before_fit(self, model: nn.Module, data: Split, incoming, server_round: int) -> dict:
+        """The E-step and the M-step on π (kept for :meth:`fit`); reports π, which the server
+        weighs this client's components by."""
+        self._q = em_step(model, data) if len(data) else None
+        return {PI_METRIC: [float(p) for p in model.pi]}
+
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
-        """E-step and M-step on π, then each component's weighted training; returns the sum over
-        the components of their mean weighted losses (with K = 1, FedAvg's loss)."""
+        """Each component's weighted training after the E-step and M-step (:meth:`before_fit`'s,
+        else done here); returns the sum over the components of their mean weighted losses
+        (with K = 1, FedAvg's loss)."""
+        q, self._q = self._q, None
         if len(data) == 0:
             return 0.0
-        q = responsibilities(sample_losses(model, data), model.pi)
-        model.pi.copy_(q.mean(1))
+        if q is None:
+            q = em_step(model, data)
+        weights_of = sample_weights(q, model.pi)
         labels = data.y.to(q.device)
         indexed = Split(data.x, torch.arange(len(data)))  # the loop's minibatches carry the samples' indices
         total = 0.0
-        for component, weights in zip(model.components, q):
+        for component, weights in zip(model.components, weights_of):
 
             def loss_fn(m: nn.Module, x: torch.Tensor, i: torch.Tensor, component=component, weights=weights) -> torch.Tensor:
                 return weighted_cross_entropy(component(x), labels[i], weights[i])
