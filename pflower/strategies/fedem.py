@@ -61,7 +61,7 @@ class FedEM(FedAvg):
         for spec, w in zip(self.component_specs, weights):
             if not w.sum() > 0:
                 continue
-            flat = weighted_average(spec.stack(r.arrays for r in replies).double(), w)
+            flat = weighted_average(spec.stack((r.arrays for r in replies), torch.float64), w)
             for k, v in spec.unflatten(flat).items():
                 self.global_state[k] = v.to(self.dtypes[k])
         self._records.clear()
