@@ -335,3 +335,25 @@ def test_resumed_with_no_round_left_the_held_evaluation_still_goes(tmp_path, gri
     _, doc = _run(grid_factory, tmp_path / "second", 2, resume=str(tmp_path / "first"), **kw)
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
     assert doc["rounds"][1]["evaluated"] == 3 and doc["rounds"][1]["per-client-accuracy"] == full["rounds"][1]["per-client-accuracy"]
+
+
+def test_relative_state_folders_resolve_against_the_working_directory_of_each_message(tmp_path, monkeypatch):
+    """A relative results-dir (or a node's relative state-dir) names a folder under the working
+    directory the client has when it saves: a process that changes directory between two runs of
+    one run config saves the second run's states under the second directory, not the first's
+    (the store is cached per process)."""
+    import importlib
+
+    from flwr.app import Context
+
+    client_app = importlib.import_module("pflower.client_app.app")
+    settings = load_settings(run_config(results_dir="results"))
+    rt = client_app.Runtime(settings, 3, 4, None, None, None)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        here = (tmp_path / name).resolve()
+        plain = Context(1, 1, {"partition-id": 3, "num-partitions": 4}, RecordDict(), {})
+        node = Context(1, 1, {"partition-id": 3, "num-partitions": 4, "state-dir": "states"}, RecordDict(), {})
+        assert rt.store(plain).roots == settings.state_paths == [here / "results" / "client-state"]
+        assert rt.store(node).roots == [here / "states"]

@@ -12,6 +12,7 @@ model object serves every client of the process.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ class Runtime:
         """This client's saved states: in the node config's ``state-dir`` if set, else the run
         config's (by default under results-dir, falling back to the resumed run's directory)."""
         root = context.node_config.get("state-dir")
-        return _store(self.settings, self.client_id, str(root) if root else None)
+        return _store(self.settings, self.client_id, str(root) if root else None, os.getcwd())
 
     def personal_state(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> RecordDict:
         """This client's state: its context's, else the saved file its context names (its state
@@ -262,8 +263,9 @@ def _shared(settings: Settings, shape: tuple[int, int, int] | None = None, num_c
 
 
 @lru_cache(maxsize=4096)
-def _store(settings: Settings, client_id: int, state_dir: str | None) -> StateStore:
-    """A client's :class:`StateStore`, its folders resolved once (not on every message)."""
+def _store(settings: Settings, client_id: int, state_dir: str | None, cwd: str) -> StateStore:
+    """A client's :class:`StateStore`, its folders resolved once (not on every message) for each
+    working directory ``cwd`` (relative folders resolve against it)."""
     return StateStore(client_id, Path(state_dir).expanduser().resolve()) if state_dir else StateStore(client_id, *settings.state_paths)
 
 
