@@ -210,3 +210,36 @@ def test_a_riding_evaluation_that_fails_keeps_the_training_and_counts_in_its_own
     assert [r["rejected"] for r in rows[1:]] == [{}, {}]
     assert _metrics(doc)[0][1:] == _metrics(clean)[0][1:]  # round 2's training had client 1's reply: the same run from there
     assert rows[0]["train-loss"] == want[0]["train-loss"] and rows[1]["sampled"] == want[1]["sampled"]
+
+
+@pytest.mark.parametrize(
+    "kind, unpacks", [(MessageType.TRAIN, True), (f"{MessageType.TRAIN}.relay", True), (MessageType.QUERY, False), (MessageType.EVALUATE, False)]
+)
+def test_only_a_message_that_trains_takes_its_saved_state_into_the_context_for_its_riding_evaluation(monkeypatch, kind, unpacks):
+    """A message that trains reads the saved state the context points to once, into the context,
+    for its riding evaluation and its training; any other message leaves the context holding
+    only the pointer (its handler never saves, so a full state would stay in memory)."""
+    import importlib
+
+    from flwr.app import Context
+
+    from pflower.client_app.store import SAVED
+
+    client_app = importlib.import_module("pflower.client_app.app")
+    calls = []
+
+    class Client:
+        def unpack(self, context):
+            calls.append("unpack")
+
+        def evaluation(self, context, config, arrays):
+            calls.append("evaluation")
+            return MetricRecord({"accuracy": 1.0})
+
+    monkeypatch.setattr(client_app, "runtime", lambda context, msg=None: Client())
+    host = _message(_arrays(1.0), kind)
+    single_message.attach(host, _message(_arrays(1.0), MessageType.EVALUATE, rnd=1))
+    context = Context(1, 5, {}, RecordDict({SAVED: ConfigRecord({"lineage": "L", "round": 1})}), {})
+    reply = client_app._evaluate_first(host, context, lambda msg, ctx: Message(RecordDict({"metrics": MetricRecord({})}), reply_to=msg))
+    assert calls == (["unpack", "evaluation"] if unpacks else ["evaluation"])
+    assert dict(reply.content[single_message.EVALUATION]) == {"accuracy": 1.0}

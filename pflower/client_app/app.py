@@ -62,7 +62,7 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
         return call_next(msg, context)
     try:
         rt = runtime(context, msg)
-        if SAVED in context.state and msg.metadata.message_type != MessageType.QUERY:
+        if SAVED in context.state and msg.metadata.message_type.partition(".")[0] == MessageType.TRAIN:
             rt.unpack(context)  # the message trains from the state the evaluation measures: read it once
         outcome = rt.evaluation(context, riding.config, riding.arrays)
     except Exception as err:  # noqa: BLE001 - reported to the server as the evaluation's error
