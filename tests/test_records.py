@@ -55,6 +55,12 @@ def test_a_stack_held_as_float64_has_exactly_the_float32_rows_values(seed):
         "n": torch.randint(-(2**62), 2**62, (3,), generator=g),
         "b": torch.tensor(16777217),
         "e": torch.empty(0, 2),
+        "bf": torch.randn(7, generator=g).bfloat16(),
+        "t": torch.randn(4, 5, generator=g).t(),  # not contiguous
+        "x": torch.randn(1, 3, generator=g).expand(4, 3),  # strides of 0
+        "u": torch.randint(0, 256, (4,), generator=g, dtype=torch.uint8),
+        "f": torch.tensor([True, False]),
+        "s": torch.tensor([float("nan"), -0.0, 2.0**-149, float("inf")]),
     }
     states = [state() for _ in range(int(torch.randint(1, 6, (1,), generator=g)))]
     spec = FlatSpec.of(states[0])
