@@ -357,3 +357,37 @@ def test_relative_state_folders_resolve_against_the_working_directory_of_each_me
         node = Context(1, 1, {"partition-id": 3, "num-partitions": 4, "state-dir": "states"}, RecordDict(), {})
         assert rt.store(plain).roots == settings.state_paths == [here / "results" / "client-state"]
         assert rt.store(node).roots == [here / "states"]
+
+
+def _reply_lost(client: int, nth: int):
+    """A tamper that turns ``client``'s ``nth`` training reply into an error reply: the client
+    trained and saved its state, the server never got the reply (lost, late)."""
+    from flwr.app import Error
+    from flwr.app.message.message import make_message
+
+    seen = []
+
+    def tamper(cid, reply):
+        if cid == client and reply.metadata.message_type == "train" and not reply.has_error():
+            seen.append(1)
+            if len(seen) == nth:
+                return make_message(reply.metadata, error=Error(0, "lost"))
+        return reply
+
+    return tamper
+
+
+def test_a_resume_after_a_lost_training_reply_equals_the_uninterrupted_run(tmp_path, grid_factory):
+    """Client 0's round-2 training reply is lost: the server still names round 1 as the round it
+    last trained in. The run resumed after round 2 (a fresh context) trains client 0 from its
+    round-1 state, as named; the uninterrupted run must do the same, not train from the round-2
+    state its context still points to."""
+    kw = dict(method="fedper", fraction_train=1.0)
+
+    def grid(tamper):
+        return lambda cfg, n: grid_factory(cfg, n, tamper=tamper)
+
+    _, full = _run(grid(_reply_lost(0, 2)), tmp_path / "full", 3, **kw)
+    _run(grid(_reply_lost(0, 2)), tmp_path / "first", 2, **kw)
+    _, doc = _run(grid_factory, tmp_path / "second", 3, resume=str(tmp_path / "first"), **kw)
+    assert _without_time(doc["rounds"]) == _without_time(full["rounds"])

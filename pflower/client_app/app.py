@@ -62,7 +62,7 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
         return call_next(msg, context)
     try:
         rt = runtime(context, msg)
-        if SAVED in context.state and msg.metadata.message_type.partition(".")[0] == MessageType.TRAIN:
+        if msg.metadata.message_type.partition(".")[0] == MessageType.TRAIN and _points_to(context, _state_round(_config(msg))):
             rt.unpack(context)  # the message trains from the state the evaluation measures: read it once
         outcome = rt.evaluation(context, riding.config, riding.arrays)
     except Exception as err:  # noqa: BLE001 - reported to the server as the evaluation's error
@@ -155,8 +155,9 @@ class Runtime:
 
     def personal_state(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> RecordDict:
         """This client's state: its context's, else the saved file its context names (its state
-        is on disk between messages), else the one saved in ``lineage`` as round ``after_round``
-        left it (a resumed run, a restarted SuperNode): the state a message of round
+        is on disk between messages) if that is the round the server names, else the one saved
+        in ``lineage`` as round ``after_round`` left it (a resumed run, a restarted SuperNode, a
+        training reply the server never got): the state a message of round
         ``after_round + 1`` trains from, and the one an evaluation of ``after_round`` measures.
         The server names that round (``state_round``, :mod:`pflower.state_round`): exactly that
         round's file, or :class:`~pflower.state_round.MissingStateError`; 0: the client never
@@ -165,7 +166,7 @@ class Runtime:
         """
         if PERSONAL in context.state:
             return context.state
-        if SAVED in context.state:
+        if _points_to(context, state_round):
             return self._pointed(context)
         if lineage and state_round != 0:
             store = self.store(context)
@@ -321,6 +322,14 @@ def _config(msg: Message) -> ConfigRecord:
 
 def _round(msg: Message) -> int:
     return int(_config(msg).get("server-round", 0))
+
+
+def _points_to(context: Context, state_round: int | None) -> bool:
+    """The context's pointer (:data:`SAVED`) names the state the server names (``state_round``;
+    None: it names none). A training reply the server never got (lost, late) leaves the pointer a
+    round ahead of the server's: the client then starts from the round the server names, as a
+    resumed run (a fresh context) does."""
+    return SAVED in context.state and (state_round is None or int(context.state[SAVED]["round"]) == state_round)
 
 
 def _state_round(config: ConfigRecord) -> int | None:
