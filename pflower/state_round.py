@@ -11,7 +11,8 @@ a :class:`MissingStateError`, and the server stops the run with the client's one
 A round whose reply was rejected by the gate counts: the client saved the state it trained,
 and a SuperNode that kept running goes on from it, so a resumed run does too. A reply that
 never came back leaves the server naming an older round: the client keeps every file from the
-round its message names on, so that round is still there.
+round its message names on, so that round is still there, and starts from it even where its
+context points to the newer one (so the run goes on as a resumed one would).
 
 Standard library only: the server's modules use it without the ClientApp's imports.
 """
