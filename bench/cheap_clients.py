@@ -15,8 +15,9 @@ invocation, alternating (A B C D E, then E D C B A, ...):
 - ``plain-1``, ``plain-2``: the same rounds in one process with 1 and 2 torch threads
   (:func:`sim_speed.plain_loop`).
 
-Each simulation starts its own SuperLink and Ray head with 2 one-core actors (the machine's 2
-cores). ``--figure`` draws round time against the number of clients. ``--pflower-from DIR``
+Each simulation starts its own SuperLink and Ray head with one one-core actor per core; with
+``--gpus-per-client`` (a GPU host) one per GPU share, the ClientApps and the plain loop training
+on the GPU. ``--figure`` draws round time against the number of clients. ``--pflower-from DIR``
 adds another pflower checkout (e.g. a worktree of main) as variant ``pflower@DIR``, run side by
 side with this one: a before-and-after in one invocation; ``--json`` keeps every round's
 seconds and each pflower run's metrics (without timings), to check that the numbers agree.
@@ -44,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
@@ -52,6 +55,8 @@ from sim_speed import plain_loop, run_config  # noqa: E402
 
 from pflower.bench import run_config_string  # noqa: E402
 from pflower.config import load_settings  # noqa: E402
+from pflower.launcher import gpu_share  # noqa: E402
+from pflower.processes import console_script  # noqa: E402
 from pflower.results import outcome  # noqa: E402
 
 VARIANTS = ("pflower", "stock", "floor", "plain-1", "plain-2")
@@ -64,7 +69,7 @@ LABELS = {
 }
 
 
-def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> tuple[list[float], list[dict] | None]:
+def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: Path, gpus: float = 0.0) -> tuple[list[float], list[dict] | None]:
     """One ``pflower-sim`` run of ``variant`` (pflower, pflower@DIR, stock or floor): seconds per
     round, and pflower's metrics rows without timings (None for the stock app)."""
     env = dict(os.environ)
@@ -74,7 +79,9 @@ def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: 
         cfg = run_config_string(run_config(data_dir, rounds, 1.0, results))
     else:
         app, cfg = STOCK, _stock_config(data_dir, rounds, results) + f" client-work='{'none' if variant == 'floor' else 'full'}'"
-    cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(app)]
+    cmd = [console_script("pflower-sim"), "--num-clients", str(clients), "-c", cfg, "--app", str(app)]
+    if gpus:
+        cmd += ["--gpus-per-client", str(gpus)]
     log = results.with_suffix(".log")
     with open(log, "w") as out:
         code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=app, env=env, check=False).returncode
@@ -86,11 +93,11 @@ def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: 
     return [r["wall-seconds"] for r in rows], [outcome(r) for r in rows]
 
 
-def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path) -> tuple[list[float], list[dict] | None]:
+def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path, gpus: float = 0.0) -> tuple[list[float], list[dict] | None]:
     if variant.startswith("plain-"):
         settings = load_settings(run_config(data_dir, rounds, 1.0, results))
-        return plain_loop(settings, clients, rounds, int(variant.split("-")[1])), None
-    return simulated(variant, data_dir, clients, rounds, results)
+        return plain_loop(settings, clients, rounds, int(variant.split("-")[1]), "cuda" if gpus else "cpu"), None
+    return simulated(variant, data_dir, clients, rounds, results, gpus)
 
 
 def sweep_seconds(nodes: int, held: int, repeats: int = 3) -> float:
@@ -162,6 +169,7 @@ def main() -> int:
     p.add_argument("--pflower-from", type=Path, action="append", default=[], help="another pflower checkout to run beside this one")
     p.add_argument("--figure", type=Path, help="draw round time against clients into this file (PNG or SVG)")
     p.add_argument("--json", type=Path, help="write every round's seconds here")
+    p.add_argument("--gpus-per-client", type=gpu_share, default=0.0, help="GPU share per ClientApp (a GPU host; the plain loop then trains on the GPU)")
     p.add_argument("--sweep", action="store_true", help="only time one pass of Flower's simulation loop at each --clients")
     args = p.parse_args()
     if args.sweep:
@@ -180,7 +188,7 @@ def main() -> int:
             for rep in range(args.repeats):
                 for k, v in enumerate(variants if rep % 2 == 0 else variants[::-1]):
                     t0 = time.time()
-                    seconds, rows = measure(v, data_dir, n, args.rounds, Path(tmp) / f"{n}-{rep}-{k}")
+                    seconds, rows = measure(v, data_dir, n, args.rounds, Path(tmp) / f"{n}-{rep}-{k}", args.gpus_per_client)
                     runs[n][v].append(seconds)
                     if rows is not None:
                         metrics[f"{v} {n} {rep}"] = rows
@@ -188,7 +196,8 @@ def main() -> int:
                     print(f"  {n} clients, {v}: {steady(runs[n][v][-1]):.3f} s/round ({time.time() - t0:.0f} s run)", flush=True)
     table = {n: {v: statistics.median(steady(r) for r in rs) for v, rs in by.items()} for n, by in runs.items()}
     print(f"\n{args.rounds} rounds, steady round = median of rounds 2-{args.rounds}, median of {args.repeats} run(s); "
-          f"load average (1 min) {min(load):.1f}-{max(load):.1f} over the runs, {os.cpu_count()} cores")  # fmt: skip
+          f"load average (1 min) {min(load):.1f}-{max(load):.1f} over the runs, {os.cpu_count()} cores"
+          + (f", {torch.cuda.get_device_name(0)}, {args.gpus_per_client} GPU a ClientApp" if args.gpus_per_client else ""))  # fmt: skip
     names = {v: v if "@" not in v else f"pflower@{Path(v.partition('@')[2]).name}" for v in variants}
     print(f"{'clients':>8}" + "".join(f"{names[v]:>16}" for v in variants))
     for n, row in table.items():
@@ -210,7 +219,8 @@ def main() -> int:
         + ", ".join(f"{n} clients {'yes' if c <= 1 else 'NO'}" for n, c in same.items())
     )
     if args.figure:
-        draw(table, args.figure, f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, no GPU, load {min(load):.0f}-{max(load):.0f}")
+        gpu = f"{torch.cuda.get_device_name(0)}, {args.gpus_per_client} GPU a client" if args.gpus_per_client else "no GPU"
+        draw(table, args.figure, f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {gpu}, load {min(load):.0f}-{max(load):.0f}")
         print(f"figure: {args.figure}")
     return 0
 

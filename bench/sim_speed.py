@@ -56,11 +56,12 @@ def run_config(data_dir: Path, rounds: int, fraction: float, results: Path, meth
     }  # fmt: skip
 
 
-def plain_loop(settings, clients: int, rounds: int, threads: int) -> list[float]:
-    """The same rounds in one process with ``threads`` torch threads: seconds per round."""
+def plain_loop(settings, clients: int, rounds: int, threads: int, device: str = "cpu") -> list[float]:
+    """The same rounds in one process with ``threads`` torch threads, training on ``device``:
+    seconds per round."""
     torch.set_num_threads(threads)
     splits = [client_data(settings, c, clients) for c in range(clients)]
-    model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
+    model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed).to(device)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     times = []
     for rnd in range(1, rounds + 1):

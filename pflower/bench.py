@@ -33,7 +33,7 @@ from flwr.common.config import flatten_dict
 
 from pflower.config import ConfigError, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
-from pflower.launcher import simulation_superlink, submit
+from pflower.launcher import gpu_share, positive_int, simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
@@ -121,8 +121,9 @@ def natural_id_clients(config: dict[str, Any]) -> int:
         raise SystemExit(f"clients = '{NATURAL_IDS}': {err}") from None
 
 
-def machine() -> dict[str, Any]:
-    """What ran a record's run: CPU model and count, GPU if any, Python, torch and flwr versions."""
+def machine(cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> dict[str, Any]:
+    """What ran a record's run: CPU model and count, GPUs if any, the cores and GPU share each
+    ClientApp had, Python, torch and flwr versions."""
     import flwr
     import torch
 
@@ -136,6 +137,8 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "cpus": len(os.sched_getaffinity(0)),
         "gpus": gpus,
+        "cpus-per-client": cpus_per_client,
+        "gpus-per-client": gpus_per_client,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "flwr": flwr.__version__,
@@ -320,9 +323,10 @@ def status(runs: list[Run], results: Path, records: Path, suite: str) -> str:
     return "\n".join(lines)
 
 
-def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS) -> None:
-    """Run what has no record on one private simulation SuperLink; record each run as it ends.
-    It prints runs done and left, each round of the run under way and the suite's time left."""
+def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS, cpus: int = 1, gpus: float = 0.0) -> None:
+    """Run what has no record on one private simulation SuperLink, each ClientApp with ``cpus``
+    cores and a ``gpus`` share of a GPU; record each run as it ends. It prints runs done and
+    left, each round of the run under way and the suite's time left."""
     todo = [r for r in runs if not finished(r, results, records, suite)]
     for run in todo:  # every run's config is checked before the first one starts
         try:
@@ -350,13 +354,13 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS)
                     done, elapsed = int(found.group(1)), time.perf_counter() - t0
                     print(f"    round {done}/{found.group(2)}, {duration(elapsed)}; suite {eta.left(rest, (done, elapsed))}", flush=True)
 
-            _, state, log = submit(ROOT, home, config, num_clients=run.clients, echo=False, on_line=progress)
+            _, state, log = submit(ROOT, home, config, num_clients=run.clients, cpus=cpus, gpus=gpus, echo=False, on_line=progress)
             wall = time.perf_counter() - t0
             (d / "run.log").write_text(log)
             if state != "finished:completed":
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{state}'; log in {d / 'run.log'}")
             eta.add(run, wall)
-            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine(), "data": digests[data_key(run.config)]})
+            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine(cpus, gpus), "data": digests[data_key(run.config)]})
             if not finished(run, results, records, suite):
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
@@ -615,6 +619,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, help="the page with the headline tables of bench/headlines.toml (default: README.md, for the project's suite file)")
     p.add_argument("--status", action="store_true", help="print runs done and left per grid and the time left estimated from the records; run nothing")
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
+    p.add_argument("--cpus-per-client", type=positive_int, default=1, help="CPU cores reserved per ClientApp (default: 1)")
+    p.add_argument(
+        "--gpus-per-client",
+        type=gpu_share,
+        default=0.0,
+        help="GPU share per ClientApp, e.g. 0.25: four clients train at once on each GPU (default: 0, CPU only)",
+    )
     args = p.parse_args(argv)
     suite, runs = load_suite(args.file, args.suite, args.data_root)
     if args.page is not None and (why := block_problem(args.page, f"bench:{args.suite}")):
@@ -635,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             finished(run, results, records, args.suite)
         check_same_data(runs, records, args.suite)
     else:
-        execute(runs, results, args.suite, records)
+        execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client)
     page = args.page or suite_page(args.suite)
     if page is None and not any(load_record(r, records, args.suite) for r in runs):
         raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")

@@ -108,6 +108,61 @@ def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
     assert not (tmp_path / "results" / "tiny").exists()
 
 
+def test_a_suites_clientapps_get_the_cores_and_gpu_share_asked_for_and_the_record_says_so(tmp_path, monkeypatch):
+    """``--cpus-per-client`` and ``--gpus-per-client`` reach Flower's federation config, and each
+    record names them beside the machine (a GPU host's records tell how the GPU was shared)."""
+    import contextlib
+    from pathlib import Path
+
+    import pflower.bench as bench
+
+    (tmp_path / "suites.toml").write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', "{ label"))
+    _, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    asked = []
+
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+        asked.append((num_clients, cpus, gpus))
+        folder = Path(re.search(r"results-dir='([^']*)'", config).group(1))
+        _fake_run_files(folder, runs[0].config, 0.5)
+        return 1, "finished:completed", ""
+
+    monkeypatch.setattr(bench, "submit", submit)
+    monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
+    main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), "--records", str(tmp_path / "rec"),
+          "--cpus-per-client", "2", "--gpus-per-client", "0.25", "--page", str(_page(tmp_path))])  # fmt: skip
+    assert asked == [(3, 2, 0.25)]
+    machine = json.loads(runs[0].record(tmp_path / "rec", "tiny").read_text())["bench"]["machine"]
+    assert (machine["cpus-per-client"], machine["gpus-per-client"]) == (2, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("--gpus-per-client", "0.1", "is not a GPU share Flower and Ray count exactly"),
+        ("--cpus-per-client", "0", "is not a whole number of CPU cores: use 1 or more"),
+    ],
+)
+def test_a_bad_resource_flag_stops_pflower_bench_before_any_run(tmp_path, capsys, flag, value, why):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    with pytest.raises(SystemExit) as stopped:
+        main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), flag, value])
+    assert stopped.value.code == 2 and f"argument {flag}: '{value}' {why}" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def _page(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:tiny:start -->\n<!-- bench:tiny:end -->\n")
+    return page
+
+
+def _fake_run_files(directory, config, accuracy):
+    directory.mkdir(parents=True, exist_ok=True)
+    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20}
+    rounds = [{"round": 1, "accuracy": accuracy, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20}]
+    (directory / "metrics.json").write_text(json.dumps({"config": config, "final": final, "rounds": rounds}))
+
+
 def _fake_run(directory, accuracy, rounds=1, **extra):
     """A finished results-dir of the tiny suite's run in ``directory`` (.../LABEL/seedK)."""
     label, seed = directory.parent.name, int(directory.name[4:])
@@ -388,11 +443,13 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
 
 
 def test_a_record_says_what_machine_made_it():
-    """bench.json carries the machine; the record made from it keeps it (CPU, count, GPUs, versions)."""
+    """bench.json carries the machine; the record made from it keeps it (CPU, count, GPUs, each
+    ClientApp's cores and GPU share, versions)."""
     from pflower.bench import machine
 
     info = machine()
-    assert set(info) == {"cpu", "cpus", "gpus", "python", "torch", "flwr"} and info["cpus"] >= 1 and info["flwr"] == "1.39.0"
+    assert set(info) == {"cpu", "cpus", "gpus", "cpus-per-client", "gpus-per-client", "python", "torch", "flwr"}
+    assert info["cpus"] >= 1 and info["flwr"] == "1.39.0" and (info["cpus-per-client"], info["gpus-per-client"]) == (1, 0.0)
     record = make_record({"config": {}, "final": {}, "rounds": []}, 3.0, 2, info)
     assert record["bench"] == {"wall-seconds": 3.0, "clients": 2, "machine": info}
 

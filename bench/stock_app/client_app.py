@@ -1,6 +1,7 @@
 """A quickstart-style ClientApp (Flower's quickstart-pytorch, with the data read from local IDX
 files instead of the Hub): each node takes its iid share of the MNIST files by ``partition-id``,
-trains the CNN pflower uses for MNIST (same layers, plain SGD) and evaluates on its held-out 30%.
+trains the CNN pflower uses for MNIST (same layers, plain SGD) and evaluates on its held-out 30%,
+on the GPU where its actor was given one (as the quickstart does).
 
 ``client-work='none'`` makes both handlers no-ops that only reply (the received arrays back, fixed
 metrics): the floor of Flower's engine in ``bench/cheap_clients.py``."""
@@ -16,6 +17,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 app = ClientApp()
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class Net(nn.Module):
@@ -69,14 +71,15 @@ def train(msg: Message, context: Context):
     if _idle(context):
         content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"train_loss": 0.0, "num-examples": 1})})
         return Message(content, reply_to=msg)
-    model = Net()
+    model = Net().to(DEVICE)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     (x, y), _ = load_data(context)
+    x, y = x.to(DEVICE), y.to(DEVICE)
     cfg, bs = context.run_config, int(context.run_config["batch-size"])
     opt = torch.optim.SGD(model.parameters(), lr=float(cfg["lr"]))
     model.train()
     for _ in range(int(cfg["local-epochs"])):
-        order = torch.randperm(len(y))
+        order = torch.randperm(len(y), device=DEVICE)
         for i in range(0, len(y), bs):
             b = order[i : i + bs]
             opt.zero_grad()
@@ -91,9 +94,10 @@ def train(msg: Message, context: Context):
 def evaluate(msg: Message, context: Context):
     if _idle(context):
         return Message(RecordDict({"metrics": MetricRecord({"eval_loss": 0.0, "eval_acc": 0.0, "num-examples": 1})}), reply_to=msg)
-    model = Net()
+    model = Net().to(DEVICE)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     _, (x, y) = load_data(context)
+    x, y = x.to(DEVICE), y.to(DEVICE)
     model.eval()
     with torch.no_grad():
         logits = model(x)
