@@ -33,7 +33,7 @@ from flwr.common.config import flatten_dict
 
 from pflower.config import ConfigError, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
-from pflower.launcher import gpu_share, positive_int, simulation_superlink, submit
+from pflower.launcher import core_count, gpu_share, simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, help="the page with the headline tables of bench/headlines.toml (default: README.md, for the project's suite file)")
     p.add_argument("--status", action="store_true", help="print runs done and left per grid and the time left estimated from the records; run nothing")
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
-    p.add_argument("--cpus-per-client", type=positive_int, default=1, help="CPU cores reserved per ClientApp (default: 1)")
+    p.add_argument("--cpus-per-client", type=core_count, default=1, help="CPU cores reserved per ClientApp (default: 1)")
     p.add_argument(
         "--gpus-per-client",
         type=gpu_share,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -27,15 +28,23 @@ def app_run_config(app: Path, overrides: str = "") -> dict:
     return {**defaults, **parse_config_args([overrides] if overrides else None)}
 
 
-def client_count(text: str) -> int:
-    """A ``--num-clients`` value: a whole number of at least 1, else ArgumentTypeError."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of clients: a whole number of at least 1")
-    return n
+def at_least_one(what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least 1, else ArgumentTypeError naming ``what``."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}: a whole number of at least 1")
+        return n
+
+    return parse
+
+
+#: A ``--num-clients`` value.
+client_count = at_least_one("a number of clients")
 
 
 def is_pflower_app(app: Path) -> bool:

@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from pflower.check import client_count
+from pflower.check import at_least_one, client_count
 from pflower.processes import console_script, free_port, stop, wait_for_port
 
 #: Set for every Flower process. Ray's RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO stays unset: Ray then
@@ -101,15 +101,8 @@ def gpu_share(text: str) -> float:
     return share
 
 
-def positive_int(text: str) -> int:
-    """A ``--cpus-per-client`` value: a whole number of cores, at least 1, else ArgumentTypeError."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of CPU cores: use 1 or more")
-    return value
+#: A ``--cpus-per-client`` value.
+core_count = at_least_one("a number of CPU cores")
 
 
 def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
@@ -244,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-sim", description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, e.g. \"method='fedprox' lr=0.01\"")
     p.add_argument("--num-clients", type=client_count, default=10, help="virtual SuperNodes (clients)")
-    p.add_argument("--cpus-per-client", type=positive_int, default=1, help="CPU cores reserved per ClientApp")
+    p.add_argument("--cpus-per-client", type=core_count, default=1, help="CPU cores reserved per ClientApp")
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
                    help="GPU share per ClientApp: 0 (CPU only; the ClientApps see no GPU), a whole number, or 0.5, 0.25, 0.125, ...")  # fmt: skip
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")

@@ -139,7 +139,7 @@ def test_a_suites_clientapps_get_the_cores_and_gpu_share_asked_for_and_the_recor
     ("flag", "value", "why"),
     [
         ("--gpus-per-client", "0.1", "is not a GPU share Flower and Ray count exactly"),
-        ("--cpus-per-client", "0", "is not a whole number of CPU cores: use 1 or more"),
+        ("--cpus-per-client", "0", "is not a number of CPU cores: a whole number of at least 1"),
     ],
 )
 def test_a_bad_resource_flag_stops_pflower_bench_before_any_run(tmp_path, capsys, flag, value, why):
