@@ -33,7 +33,7 @@ from flwr.common.config import flatten_dict
 
 from pflower.config import ConfigError, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
-from pflower.launcher import core_count, gpu_share, simulation_superlink, submit
+from pflower.launcher import core_count, gpu_share, resources_problem, simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
@@ -614,7 +614,11 @@ def main(argv: list[str] | None = None) -> int:
         help="where run results go, checkpoints and logs included (default: bench/results, not kept)",
     )
     p.add_argument("--records", type=Path, default=RECORDS, help="where the runs' records go, the report's only input (default: bench/records, committed)")
-    p.add_argument("--page", type=Path, help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it)")
+    p.add_argument(
+        "--page",
+        type=Path,
+        help="the Markdown page whose suite block gets the tables (default: the page under docs/ that holds it, for the project's records; none for --records elsewhere)",
+    )
     p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")
     p.add_argument("--readme", type=Path, help="the page with the headline tables of bench/headlines.toml (default: README.md, for the project's suite file)")
     p.add_argument("--status", action="store_true", help="print runs done and left per grid and the time left estimated from the records; run nothing")
@@ -646,14 +650,17 @@ def main(argv: list[str] | None = None) -> int:
             finished(run, results, records, args.suite)
         check_same_data(runs, records, args.suite)
     else:
+        if why := resources_problem(args.cpus_per_client, args.gpus_per_client):
+            raise SystemExit(f"pflower-bench: {why}")
         execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client)
-    page = args.page or suite_page(args.suite)
+    kept = records == RECORDS.resolve()  # the project's records: their pages and README follow them
+    page = args.page or (suite_page(args.suite) if kept else None)
     if page is None and not any(load_record(r, records, args.suite) for r in runs):
         raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")
     print(report(args.suite, suite, runs, records, results / args.suite, page))
     if page is not None:
         print(f"tables written into {page}", flush=True)
-    if args.readme is not None or args.file == ROOT / "bench" / "suites.toml":
+    if args.readme is not None or (kept and args.file == ROOT / "bench" / "suites.toml"):
         readme = args.readme or README
         if names := write_headlines(args.suite, args.file, records, readme):
             print(f"headline tables {', '.join(names)} written into {readme}", flush=True)

@@ -105,6 +105,28 @@ def gpu_share(text: str) -> float:
 core_count = at_least_one("a number of CPU cores")
 
 
+def resources_problem(cpus: int, gpus: float) -> str | None:
+    """Why no ClientApp could start here with ``cpus`` cores and a ``gpus`` share of a GPU, else
+    None. Flower would find out only after the run started ("ActorPool is empty", about a minute
+    in). A Ray cluster (``RAY_ADDRESS``) is not checked: its other nodes may have what this one
+    lacks."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    cores = os.cpu_count() or 1
+    if cpus > cores:
+        return f"--cpus-per-client {cpus}: this machine has {cores} cores, so no ClientApp could start"
+    if gpus:
+        import torch
+
+        visible = torch.cuda.device_count()
+        if visible < max(1.0, gpus):
+            return (
+                f"--gpus-per-client {gpus:g}: this machine has {visible} GPU(s) that torch sees, so no ClientApp could start "
+                "(0 trains on the CPU; on a Ray cluster set RAY_ADDRESS)"
+            )
+    return None
+
+
 def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
     """Flower's simulation settings: virtual SuperNodes and resources per ClientApp."""
     return f"num-supernodes={num_clients} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
@@ -247,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if is_pflower_app(args.app) and (why := _check_apart(args.app, args.run_config, args.num_clients)) is not None:
         print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
+        return 2
+    if why := resources_problem(args.cpus_per_client, args.gpus_per_client):
+        print(f"pflower-sim: {why}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_id, status = simulate(args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home)

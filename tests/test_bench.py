@@ -128,11 +128,44 @@ def test_a_suites_clientapps_get_the_cores_and_gpu_share_asked_for_and_the_recor
 
     monkeypatch.setattr(bench, "submit", submit)
     monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
+    monkeypatch.setattr(bench, "resources_problem", lambda cpus, gpus: None)  # a GPU host's flags, here
     main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), "--records", str(tmp_path / "rec"),
           "--cpus-per-client", "2", "--gpus-per-client", "0.25", "--page", str(_page(tmp_path))])  # fmt: skip
     assert asked == [(3, 2, 0.25)]
     machine = json.loads(runs[0].record(tmp_path / "rec", "tiny").read_text())["bench"]["machine"]
     assert (machine["cpus-per-client"], machine["gpus-per-client"]) == (2, 0.25)
+
+
+def test_records_kept_elsewhere_write_no_page_and_no_readme(tmp_path, monkeypatch, capsys):
+    """``--records DIR`` (say a GPU host's runs) reports its tables on stdout only, unless --page
+    or --readme names where they go: the project's pages follow the project's records."""
+    import pflower.bench as bench
+
+    written = []
+    monkeypatch.setattr(bench, "write_headlines", lambda *a: written.append(a) or [])
+    monkeypatch.setattr(bench, "suite_page", lambda suite: pytest.fail("no page for records elsewhere"))
+    (tmp_path / "suites.toml").write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]"))
+    _, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    for run in runs:
+        folder = run.directory(tmp_path / "results", "tiny")
+        _fake_run_files(folder, run.config, 0.5)
+        (folder / "bench.json").write_text(json.dumps({"wall-seconds": 1.0, "clients": 3}))
+    main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--records", str(tmp_path / "rec"), "--report-only"])
+    out = capsys.readouterr().out
+    assert "| local | 0.5000 |" in out and "tables written into" not in out and written == []
+
+
+def test_a_gpu_share_on_a_host_without_gpus_stops_the_suite_before_any_run(tmp_path, monkeypatch):
+    import torch
+
+    import pflower.bench as bench
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(bench, "execute", lambda *a: pytest.fail("a run started"))
+    (tmp_path / "suites.toml").write_text(SUITE)
+    with pytest.raises(SystemExit, match="pflower-bench: --gpus-per-client 0.25: this machine has 0 GPU"):
+        main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), "--gpus-per-client", "0.25"])
 
 
 @pytest.mark.parametrize(

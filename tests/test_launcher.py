@@ -94,6 +94,42 @@ def test_other_gpu_shares_stop_pflower_sim_at_argument_parsing(capsys, share):
     assert "0.5, 0.25, 0.125" in err
 
 
+@pytest.mark.parametrize("cores", ["0", "-1", "1.0", "two"])
+def test_a_core_count_below_one_stops_pflower_sim_at_argument_parsing(capsys, cores):
+    from pflower.launcher import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--cpus-per-client", cores, "--app", "/nonexistent"])
+    assert stopped.value.code == 2
+    assert f"argument --cpus-per-client: '{cores}' is not a number of CPU cores: a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_resources_this_machine_lacks_stop_pflower_sim_before_anything_starts(monkeypatch, capsys):
+    """More cores than the machine has, or a GPU share where torch sees too few GPUs: no ClientApp
+    could start, which Flower would say only after the run started ('ActorPool is empty')."""
+    import torch
+
+    from pflower import launcher
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    started = []
+    monkeypatch.setattr(launcher, "simulate", lambda *a, **k: started.append(a))
+    app = str(launcher.Path(__file__).resolve().parents[1])
+    assert launcher.main(["--cpus-per-client", "5", "--app", app]) == 2
+    assert "pflower-sim: --cpus-per-client 5: this machine has 4 cores, so no ClientApp could start" in capsys.readouterr().err
+    assert launcher.main(["--gpus-per-client", "2", "--app", app]) == 2
+    assert "pflower-sim: --gpus-per-client 2: this machine has 1 GPU(s) that torch sees" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert launcher.main(["--gpus-per-client", "0.25", "--app", app]) == 2
+    assert started == []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert launcher.resources_problem(4, 2.0) is None and launcher.resources_problem(4, 0.25) is None
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a cluster's other nodes may have them
+    assert launcher.resources_problem(64, 8.0) is None
+
+
 @pytest.mark.e2e
 def test_user_ray_address_wins(tmp_path):
     from pflower.ray_head import ray_head
