@@ -34,9 +34,9 @@ def gpu_superlink(tmp_path_factory):
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_on_flower_with_a_quarter_gpu_per_client(gpu_superlink, tmp_path, method):
     """No xdist group: each worker starts its own SuperLink and Ray head, so the runs share the
-    GPU and the host's cores (on an H200 with 16 cores one run took about 40 s, mostly its start
-    and its actors', and the 22 one after the other did not fit 15 minutes). Run them as ``-m cuda``: beside other
-modules a worker would start its SuperLink again each time it comes back to this one."""
+        GPU and the host's cores (on an H200 with 16 cores one run took about 40 s, mostly its start
+        and its actors', and the 22 one after the other did not fit 15 minutes). Run them as ``-m cuda``: beside other
+    modules a worker would start its SuperLink again each time it comes back to this one."""
     from pflower.launcher import submit
 
     example = run_config_string(dict(declarations()[method].example))
