@@ -525,7 +525,7 @@ def headline(spec: dict, suites: Path, records: Path) -> str:
     """One headline table from the records of the suites it names. A column with a ``suite`` is
     measured (``value``: accuracy, global-accuracy, oracle-accuracy or mib; the row's label in
     that suite's ``grid``); one without takes the row's next ``paper`` entry. A cell shows a
-    label the grid does not run as a dash, one without records as "no record yet", and fewer
+    label the grid does not run, or whose records lack the value, as a dash, one without records as "no record yet", and fewer
     seeds than declared as "(n of m seeds)"; a table with no measured cell recorded is its
     commands instead."""
     loaded = {}
@@ -548,6 +548,8 @@ def headline(spec: dict, suites: Path, records: Path) -> str:
                 cells.append("—")
             elif not found:
                 cells.append("no record yet")
+            elif value != "mib" and any(value not in d["final"] for d in found):
+                cells.append("—")  # a figure this method has no such value of (oracle-accuracy: SuPerFed's alone)
             else:
                 recorded = True
                 if value == "mib":

@@ -386,7 +386,8 @@ def test_a_suite_without_records_shows_only_its_commands(tmp_path):
 
 HEADLINES = """
 [t]
-columns = [{ title = "ours", suite = "tiny", grid = "g" }, { title = "paper" }, { title = "MiB", suite = "tiny", grid = "g", value = "mib" }]
+columns = [{ title = "ours", suite = "tiny", grid = "g" }, { title = "paper" }, { title = "MiB", suite = "tiny", grid = "g", value = "mib" },
+           { title = "oracle", suite = "tiny", grid = "g", value = "oracle-accuracy" }]
 rows = [{ title = "Local", label = "local", paper = ["50 %"] }, { title = "FedAvg", label = "fedavg-slow", paper = ["40 %"] },
         { title = "Ditto", label = "ditto" }]
 """
@@ -394,8 +395,9 @@ rows = [{ title = "Local", label = "local", paper = ["50 %"] }, { title = "FedAv
 
 def test_the_readmes_headline_tables_come_from_the_records(tmp_path):
     """A headline table puts the paper's numbers beside the records' mean ± sd; a cell says when
-    it has fewer seeds than declared, none, or is not run by that grid; without any record the
-    table is the command that runs it."""
+    it has fewer seeds than declared, none, or is not run by that grid, and a method without the
+    column's value (oracle-accuracy is SuPerFed's) gets a dash; without any record the table is
+    the command that runs it."""
     from pflower.bench import write_headlines
 
     (tmp_path / "suites.toml").write_text(SUITE)
@@ -409,15 +411,15 @@ def test_the_readmes_headline_tables_come_from_the_records(tmp_path):
     assert readme.read_text() == "intro\n<!-- headline:t:start -->\nNo record yet: `pflower-bench tiny` runs it.\n<!-- headline:t:end -->\nafter\n"
     _fake_run(results / "tiny" / "g" / "local" / "seed0", 0.5)
     _fake_run(results / "tiny" / "g" / "local" / "seed1", 0.7)
-    _fake_run(results / "tiny" / "g" / "fedavg-slow" / "seed0", 0.6)
+    _fake_run(results / "tiny" / "g" / "fedavg-slow" / "seed0", 0.6, **{"oracle-accuracy": 0.9})
     for run in load_suite(tmp_path / "suites.toml", "tiny")[1]:
         finished(run, results, records, "tiny")
     write_headlines(None, *paths)
-    assert readme.read_text().split("start -->\n")[1].split("<!--")[0] == (
-        "| method | ours | paper | MiB |\n| --- | --- | --- | --- |\n"
-        "| Local | 0.6000 ± 0.1414 | 50 % | 2.0 |\n"
-        "| FedAvg | 0.6000 (1 of 2 seeds) | 40 % | 2.0 (1 of 2 seeds) |\n"
-        "| Ditto | — | — | — |\n"
+    assert readme.read_text().split("start -->\n")[1].split("<!--")[0] == (  # Local has no oracle-accuracy: a dash
+        "| method | ours | paper | MiB | oracle |\n| --- | --- | --- | --- | --- |\n"
+        "| Local | 0.6000 ± 0.1414 | 50 % | 2.0 | — |\n"
+        "| FedAvg | 0.6000 (1 of 2 seeds) | 40 % | 2.0 (1 of 2 seeds) | 0.9000 (1 of 2 seeds) |\n"
+        "| Ditto | — | — | — | — |\n"
     )
 
 
