@@ -115,7 +115,8 @@ class FlatSpec:
         return slice(self.offsets[i], self.offsets[i + 1])
 
     def flatten(self, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([state[k].detach().reshape(-1).float() for k in self.keys])
+        """One state as one float32 vector: :meth:`stack`'s row."""
+        return self.stack([state])[0]
 
     def stack(self, states: Iterable[Mapping[str, torch.Tensor]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows of flattened states: shape [n, size], each value as :meth:`flatten` has it

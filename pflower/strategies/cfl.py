@@ -158,7 +158,7 @@ class ClusteredFL(TrainRounds):
             return self._record(0)
         if -1 not in self._records:
             n = torch.tensor([float(sum(self.federation.num_examples.get(c, 1) for c in members)) for members in self.clusters])
-            flat = weighted_average(torch.stack([self.model_spec.flatten(m).double() for m in self.models]), n)
+            flat = weighted_average(self.model_spec.stack(self.models, torch.float64), n)
             self._records[-1] = to_record({k: v.to(self.dtypes[k]) for k, v in self.model_spec.unflatten(flat).items()})
         return self._records[-1]
 
