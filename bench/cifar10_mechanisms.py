@@ -16,7 +16,8 @@ the docs' evidence beside the accuracy tables.
 - FedBN: each client's accuracy with its own normalization layers and with all clients' mean.
 - Orderings: per-seed differences and per-round accuracy behind each ordering the README
   explains (pFedLA and FedBN against Local and FedAvg, FedeRiCo and FedFomo against Local,
-  SuPerFed against every other method of its grid, FedRep against FedPer).
+  SuPerFed against every other method of its grid, FedRep against FedPer, FedProx and SCAFFOLD
+  against FedAvg).
 - SuPerFed: every method's accuracy per evaluated round (every grid of cifar10-superfed and
   cifar10-superfed-checks); the final accuracy
   along the line (federated model at λ = 0, local model at λ = 1, the best λ in between), at each
@@ -288,7 +289,7 @@ def superfed(records: Path) -> None:
         for method in sorted(grid.glob("*-classifier")):
             if (base := _runs(grid / method.name.removesuffix("-classifier"))) and (runs := _runs(method)):
                 print(f"  {method.name} minus {method.name.removesuffix('-classifier')} per seed: {_paired(runs, base)}")
-        for rep, per in (("fedrep", "fedper"), ("fedrep-classifier", "fedper-classifier")):
+        for rep, per in (("fedrep", "fedper"), ("fedrep-classifier", "fedper-classifier"), ("fedprox", "fedavg"), ("scaffold", "fedavg")):
             if (a := _runs(grid / rep)) and (b := _runs(grid / per)):
                 print(f"  {rep} minus {per} per seed: {_paired(a, b)}")
         for label in ("superfed-mm", "superfed-lm", "superfed-mm-nu0"):
