@@ -25,13 +25,14 @@ import re
 import time
 import tomllib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.common.config import flatten_dict
 
-from pflower.config import ConfigError, load_settings
+from pflower.config import ConfigError, Settings, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
 from pflower.launcher import core_count, gpu_share, resources_problem, simulation_superlink, submit
 from pflower.methods import declarations
@@ -41,6 +42,7 @@ from pflower.run_folder import clear_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records"
+SUITES = ROOT / "bench" / "suites.toml"
 DOCS = ROOT / "docs"
 #: Per-round entries too large to keep for every round: a record keeps them for the last round
 #: that has them (the figures of the final state need no more).
@@ -218,6 +220,8 @@ def make_record(
 
 #: Run-config keys that name places on one machine: a record made elsewhere still matches its run.
 PLACES = ("data-dir", "results-dir")
+#: What the bench writes into a run's results-dir beside the run's own outputs.
+BENCH_FILES = ("bench.json", "run.log")
 
 
 def client_errors(doc: dict[str, Any]) -> int:
@@ -226,24 +230,51 @@ def client_errors(doc: dict[str, Any]) -> int:
     return sum(int((r.get("rejected") or {}).get("client-error", 0)) for r in doc.get("rounds", []))
 
 
-def matches(run: Run, doc: dict[str, Any]) -> bool:
-    """Whether a record or metrics.json is of ``run``: all its rounds, its final metrics, every
-    key of the run's config (but places) as the suite says it now, and no client that crashed
-    (such a run measures the machine, not the method: it runs again)."""
-    config = doc.get("config", {})
+@cache
+def default_config(method: str) -> dict[str, Any]:
+    """Every run-config key of ``method`` at its declared default (pyproject.toml's, a test says);
+    none for a method that is not declared (no record is of it)."""
+    return Settings(method=method).to_run_config() if method in declarations() else {}
+
+
+def resolved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The whole run config a run of the suite's ``config`` has: its method's defaults, then the suite's keys."""
+    return {**default_config(config.get("method", "pfedla")), **config}
+
+
+def complete(run: Run, doc: dict[str, Any]) -> bool:
+    """Whether a record or metrics.json holds the whole run: all its rounds, the last evaluated
+    by every client (as the loop does), its final metrics, and no client that crashed (such a
+    run measures the machine, not the method: it runs again)."""
+    rounds = doc.get("rounds", [])
+    last = rounds[-1] if rounds else {}
+    clients = doc.get("num-clients")
     return (
-        len(doc.get("rounds", [])) >= run.rounds
+        len(rounds) >= run.rounds
         and "final" in doc
+        and last.get("accuracy") is not None
+        and last.get("evaluated") == clients
+        and (run.clients == 0 or clients == run.clients)  # 0: a natural-id grid whose data is not here to count
         and client_errors(doc) == 0
-        and all(config.get(k) == v for k, v in run.config.items() if k not in PLACES)
     )
 
 
+def matches(run: Run, doc: dict[str, Any]) -> bool:
+    """Whether a record or metrics.json is of ``run``: :func:`complete`, with every key of the
+    run's whole config (:func:`resolved_config`; places aside) as it is now. A key the record
+    lacks came into pflower after it was made, at the default that keeps the old behaviour: it
+    matches only the default. A key the record has and pflower no longer has is not compared."""
+    config, defaults = doc.get("config", {}), default_config(run.config.get("method", "pfedla"))
+    return complete(run, doc) and all(config.get(k, defaults.get(k)) == v for k, v in resolved_config(run.config).items() if k not in PLACES)
+
+
 def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``; None if absent, cut short by a crash or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):  # absent, or cut short by a crash
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 def load_record(run: Run, records: Path, suite: str) -> dict[str, Any] | None:
@@ -254,12 +285,13 @@ def load_record(run: Run, records: Path, suite: str) -> dict[str, Any] | None:
 
 def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
     """A run is finished when it has a record; a results-dir that finished (metrics.json of the
-    run with every round, and the bench's bench.json) but has no record yet gets one now."""
+    run with every round, and the bench.json the bench wrote when that very run, its lineage,
+    ended) but has no record yet gets one now."""
     if load_record(run, records, suite) is not None:
         return True
     d = run.directory(results, suite)
     metrics, bench = _read(d / "metrics.json"), _read(d / "bench.json")
-    if metrics is None or bench is None or not matches(run, metrics):
+    if metrics is None or bench is None or not matches(run, metrics) or bench.get("lineage") != metrics.get("lineage"):
         return False
     write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"], bench.get("machine"), bench.get("data")))
     return True
@@ -345,6 +377,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             d = run.directory(results, suite)
             d.mkdir(parents=True, exist_ok=True)
             clear_run(d)  # the bench's own folder of this run, cut short before: it starts again
+            for name in BENCH_FILES:  # and what the bench wrote of an earlier run into it
+                (d / name).unlink(missing_ok=True)
             config = run_config_string({**run.config, "results-dir": str(d)})
             print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}; {eta.left(todo[k - 1 :])}", flush=True)
             t0 = time.perf_counter()
@@ -360,7 +394,11 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             if state != "finished:completed":
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{state}'; log in {d / 'run.log'}")
             eta.add(run, wall)
-            write_json(d / "bench.json", {"wall-seconds": wall, "clients": run.clients, "machine": machine(cpus, gpus), "data": digests[data_key(run.config)]})
+            lineage = (_read(d / "metrics.json") or {}).get("lineage")
+            write_json(
+                d / "bench.json",
+                {"wall-seconds": wall, "clients": run.clients, "machine": machine(cpus, gpus), "data": digests[data_key(run.config)], "lineage": lineage},
+            )
             if not finished(run, results, records, suite):
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
@@ -369,6 +407,11 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
 def _mean_std(values: list[float]) -> str:
     a = np.array(values, dtype=np.float64)
     return f"{a.mean():.4f}" if len(a) == 1 else f"{a.mean():.4f} ± {a.std(ddof=1):.4f}"
+
+
+def seeds_cell(done: int, declared: int) -> str:
+    """The seeds column: how many seeds the row's mean is over, and of how many while some lack a record."""
+    return str(done) if done == declared else f"{done} of {declared}"
 
 
 def grid_rows(runs: list[Run], records: Path, suite: str) -> list[dict[str, Any]]:
@@ -382,6 +425,7 @@ def grid_rows(runs: list[Run], records: Path, suite: str) -> list[dict[str, Any]
         row = {
             "method": label,
             "seeds": len(docs),
+            "declared": sum(r.label == label for r in runs),
             "accuracy": [f["accuracy"] for f in final],
             "weighted-accuracy": [f["weighted-accuracy"] for f in final],
             "mb": np.mean([(f["bytes-down"] + f["bytes-up"]) / 2**20 for f in final]),
@@ -418,7 +462,7 @@ def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) ->
         cells = [r["method"], _mean_std(r["accuracy"]), _mean_std(r["weighted-accuracy"])]
         cells += [_mean_std(r["global-accuracy"])] if has_global else []
         cells += [_mean_std(r["oracle-accuracy"]) if "oracle-accuracy" in r else "—"] if has_oracle else []
-        cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", str(r["seeds"])]
+        cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", seeds_cell(r["seeds"], r["declared"])]
         lines.append("| " + " | ".join(cells) + " |")
     paper = grid.get("paper", {})
     if paper.get("text"):
@@ -487,7 +531,7 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
             figure_dir.mkdir(parents=True, exist_ok=True)
             figures = [figure_dir / f"{grid['name']}-accuracy.png", figure_dir / f"{grid['name']}-bytes.png"]
             plot_mean_accuracy({r["method"]: r["docs"] for r in rows}, figures[0], grid.get("title", grid["name"]))
-            plot_comparison({r["method"]: r["docs"][0] for r in rows}, figures[1])
+            plot_comparison({r["method"]: r["docs"] for r in rows}, figures[1])
             links = [f.relative_to(page.parent).as_posix() for f in figures] if page is not None else []
             parts.append(markdown(grid, rows, links))
     text = "\n".join(parts)
@@ -608,7 +652,7 @@ def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pflower-bench", description="Run a benchmark suite (resumable), record its runs and build its tables and figures.")
     p.add_argument("suite", help="a suite of the suite file, e.g. 'small' or 'full'")
-    p.add_argument("--file", type=Path, default=ROOT / "bench" / "suites.toml", help="suite file (default: bench/suites.toml)")
+    p.add_argument("--file", type=Path, default=SUITES, help="suite file (default: bench/suites.toml; another needs --records DIR)")
     p.add_argument(
         "--results",
         type=Path,
@@ -633,6 +677,13 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU share per ClientApp, e.g. 0.25: four clients train at once on each GPU (default: 0, CPU only)",
     )
     args = p.parse_args(argv)
+    results, records = args.results.resolve(), args.records.resolve()
+    kept = records == RECORDS.resolve()  # the project's records: their pages and README follow them
+    if kept and args.file.resolve() != SUITES.resolve():
+        raise SystemExit(
+            f"--file {args.file}: bench/records holds the runs of bench/suites.toml only (a suite of the same name in another file would write over them); "
+            "give this file's runs a folder of their own with --records DIR"
+        )
     suite, runs = load_suite(args.file, args.suite, args.data_root)
     if args.page is not None and (why := block_problem(args.page, f"bench:{args.suite}")):
         raise SystemExit(f"--page: {why} (the suite's tables go between those comments)")
@@ -643,7 +694,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: {fetch}put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
         )
-    results, records = args.results.resolve(), args.records.resolve()
     if args.status:
         print(status(runs, results, records, args.suite))
         return 0
@@ -655,14 +705,13 @@ def main(argv: list[str] | None = None) -> int:
         if why := resources_problem(args.cpus_per_client, args.gpus_per_client):
             raise SystemExit(f"pflower-bench: {why}")
         execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client)
-    kept = records == RECORDS.resolve()  # the project's records: their pages and README follow them
     page = args.page or (suite_page(args.suite) if kept else None)
     if page is None and not any(load_record(r, records, args.suite) for r in runs):
         raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")
     print(report(args.suite, suite, runs, records, results / args.suite, page))
     if page is not None:
         print(f"tables written into {page}", flush=True)
-    if args.readme is not None or (kept and args.file == ROOT / "bench" / "suites.toml"):
+    if args.readme is not None or kept:
         readme = args.readme or README
         if names := write_headlines(args.suite, args.file, records, readme):
             print(f"headline tables {', '.join(names)} written into {readme}", flush=True)

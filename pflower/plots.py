@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ def plot_accuracy(rounds: list[dict[str, Any]], path: Path, title: str) -> None:
     """Mean and sample-weighted accuracy per round."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
+    rounds = [r for r in rounds if r.get("accuracy") is not None]  # the evaluated rounds
     x = [r["round"] for r in rounds]
     ax.plot(x, [r["accuracy"] for r in rounds], marker="o", ms=3, label="mean over clients")
     ax.plot(x, [r["weighted-accuracy"] for r in rounds], ls="--", label="sample-weighted")
@@ -208,19 +210,42 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def plot_mean_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
-    """Per method, the mean over its seeds of the final-mean accuracy per round."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for label, docs in runs.items():
-        n = min(len(d["rounds"]) for d in docs)
-        acc = np.array([[r["accuracy"] or 0.0 for r in d["rounds"][:n]] for d in docs])
-        ax.plot(range(1, n + 1), acc.mean(0), marker="o", ms=2.5, label=label)
-    ax.set(xlabel="round", ylabel="test accuracy (mean over clients and seeds)", title=title)
+#: Markers and line styles that tell apart the lines a colour cycle (10 colours) repeats.
+MARKERS, LINESTYLES = "osD^", ("-", "--", ":", "-.")
+
+
+def line_style(i: int) -> dict[str, str]:
+    """The ``i``-th line's colour, marker and line style: no two of the first 40 alike."""
+    return {"color": f"C{i % 10}", "marker": MARKERS[i // 10 % 4], "linestyle": LINESTYLES[i // 10 % 4]}
+
+
+def mean_series(docs: list[dict[str, Any]], metric: str = "accuracy") -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The rounds in which every run of ``docs`` has ``metric`` (an evaluated round), and per
+    such round the mean over the runs of the cumulative MiB sent (down + up) and of ``metric``."""
+    by_round = [{r["round"]: r for r in d["rounds"] if r.get(metric) is not None} for d in docs]
+    rounds = sorted(set.intersection(*(set(b) for b in by_round)))
+    mib = np.array([[(b[k]["cumulative-bytes-down"] + b[k]["cumulative-bytes-up"]) / 2**20 for k in rounds] for b in by_round]).reshape(len(docs), -1)
+    values = np.array([[b[k][metric] for k in rounds] for b in by_round], dtype=np.float64).reshape(len(docs), -1)
+    return rounds, mib.mean(0), values.mean(0)
+
+
+def _finish(fig, ax, path: Path, title: str, lines: int) -> None:
+    ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2 if lines > 6 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot_mean_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Per method, the mean over its seeds of the final-mean accuracy in each evaluated round."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (label, docs) in enumerate(runs.items()):
+        rounds, _, acc = mean_series(docs)
+        ax.plot(rounds, acc, ms=2.5, label=label, **line_style(i))
+    ax.set(xlabel="round", ylabel="test accuracy (mean over clients and seeds)")
+    _finish(fig, ax, path, title, len(runs))
     plt.close(fig)
 
 
@@ -233,19 +258,17 @@ def run_label(doc: dict[str, Any]) -> str:
     return label
 
 
-def plot_comparison(runs: dict[str, dict[str, Any]], path: Path, metric: str = "accuracy") -> None:
-    """``metric`` of each run per round against its cumulative bytes (down + up), in MiB."""
+def plot_comparison(runs: dict[str, list[dict[str, Any]]], path: Path, metric: str = "accuracy") -> None:
+    """``metric`` per evaluated round against the cumulative bytes (down + up, MiB) sent until
+    then, each the mean over a label's runs (its seeds)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for label, doc in runs.items():
-        rows = [r for r in doc["rounds"] if r.get(metric) is not None]
-        x = [(r["cumulative-bytes-down"] + r["cumulative-bytes-up"]) / 2**20 for r in rows]
-        ax.plot(x, [r[metric] for r in rows], marker="o", ms=2.5, label=label)
-    ax.set(xlabel="cumulative bytes, down + up (MiB)", ylabel=f"test {metric}", title=f"{metric} against communication")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    for i, (label, docs) in enumerate(runs.items()):
+        _, mib, values = mean_series(docs, metric)
+        ax.plot(mib, values, ms=2.5, label=label, **line_style(i))
+    ax.set(xlabel="cumulative bytes, down + up (MiB)", ylabel=f"test {metric}")
+    seeds = " (mean over each method's seeds)" if any(len(d) > 1 for d in runs.values()) else ""
+    _finish(fig, ax, path, f"{metric} against communication{seeds}", len(runs))
     plt.close(fig)
 
 
@@ -255,7 +278,7 @@ def compare_main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", type=Path, required=True, help="the figure to write (.png, .pdf, .svg)")
     p.add_argument("--metric", default="accuracy", help="a per-round metric, e.g. 'accuracy' or 'global-accuracy' (default: accuracy)")
     args = p.parse_args(argv)
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
     for d in args.results_dirs:
         path = d / "metrics.json"
         if not path.is_file():
@@ -266,7 +289,7 @@ def compare_main(argv: list[str] | None = None) -> int:
         if not any(r.get(args.metric) is not None for r in doc["rounds"]):
             p.error(f"{path}: no '{args.metric}' in its rounds (for 'global-accuracy' run with test-mode='both')")
         label = run_label(doc)
-        runs[label if label not in runs else f"{label} ({d.name})"] = doc
+        runs[label if label not in runs else f"{label} ({d.name})"] = [doc]
     plot_comparison(runs, args.output, args.metric)
     print(args.output)
     return 0

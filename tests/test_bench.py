@@ -9,7 +9,21 @@ import pytest
 from conftest import in_process_rounds
 from data_files import write_femnist, write_shakespeare
 
-from pflower.bench import RECORDS, ROOT, data_fingerprint, execute, finished, load_record, load_suite, main, make_record, ordering_sentence, report, suite_page
+from pflower.bench import (
+    RECORDS,
+    ROOT,
+    data_fingerprint,
+    execute,
+    finished,
+    load_record,
+    load_suite,
+    main,
+    make_record,
+    ordering_sentence,
+    report,
+    resolved_config,
+    suite_page,
+)
 from pflower.config import load_settings
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
@@ -149,7 +163,7 @@ def test_records_kept_elsewhere_write_no_page_and_no_readme(tmp_path, monkeypatc
     for run in runs:
         folder = run.directory(tmp_path / "results", "tiny")
         _fake_run_files(folder, run.config, 0.5)
-        (folder / "bench.json").write_text(json.dumps({"wall-seconds": 1.0, "clients": 3}))
+        (folder / "bench.json").write_text(json.dumps({"wall-seconds": 1.0, "clients": 3, "lineage": "0" * 32}))
     main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--records", str(tmp_path / "rec"), "--report-only"])
     out = capsys.readouterr().out
     assert "| local | 0.5000 |" in out and "tables written into" not in out and written == []
@@ -165,7 +179,9 @@ def test_a_gpu_share_on_a_host_without_gpus_stops_the_suite_before_any_run(tmp_p
     monkeypatch.setattr(bench, "execute", lambda *a: pytest.fail("a run started"))
     (tmp_path / "suites.toml").write_text(SUITE)
     with pytest.raises(SystemExit, match="pflower-bench: --gpus-per-client 0.25: this machine has 0 GPU"):
-        main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), "--gpus-per-client", "0.25"])
+        main(
+            ["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), "--records", str(tmp_path / "rec"), "--gpus-per-client", "0.25"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -189,11 +205,17 @@ def _page(tmp_path):
     return page
 
 
+def _metrics(config, accuracy, rounds=1, clients=3, **extra):
+    """metrics.json of a finished run of ``config`` (a suite's keys; the run records them all):
+    every round evaluated by all ``clients``, as the loop's last round is."""
+    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20, **extra}
+    steps = [{"round": k + 1, "accuracy": accuracy, "evaluated": clients, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20} for k in range(rounds)]
+    return {"config": resolved_config(config), "num-clients": clients, "lineage": "0" * 32, "final": final, "rounds": steps}
+
+
 def _fake_run_files(directory, config, accuracy):
     directory.mkdir(parents=True, exist_ok=True)
-    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20}
-    rounds = [{"round": 1, "accuracy": accuracy, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20}]
-    (directory / "metrics.json").write_text(json.dumps({"config": config, "final": final, "rounds": rounds}))
+    (directory / "metrics.json").write_text(json.dumps(_metrics(config, accuracy)))
 
 
 def _fake_run(directory, accuracy, rounds=1, **extra):
@@ -201,10 +223,8 @@ def _fake_run(directory, accuracy, rounds=1, **extra):
     label, seed = directory.parent.name, int(directory.name[4:])
     config = next(r.config for r in load_suite_text(SUITE)[1] if (r.label, r.seed) == (label, seed))
     directory.mkdir(parents=True)
-    final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20, **extra}
-    steps = [{"round": k + 1, "accuracy": accuracy, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20} for k in range(rounds)]
-    (directory / "metrics.json").write_text(json.dumps({"config": config, "final": final, "rounds": steps}))
-    (directory / "bench.json").write_text(json.dumps({"wall-seconds": 10.0, "clients": 3}))
+    (directory / "metrics.json").write_text(json.dumps(_metrics(config, accuracy, rounds, **extra)))
+    (directory / "bench.json").write_text(json.dumps({"wall-seconds": 10.0, "clients": 3, "lineage": "0" * 32}))
 
 
 def load_suite_text(text):
@@ -282,7 +302,7 @@ def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, 
     main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(results), "--records", str(tmp_path / "records"), "--report-only"])
     out = capsys.readouterr().out
     assert "| method | final mean acc. | weighted acc. | acc. at test-chosen λ | MiB (down + up) | wall s | seeds |" in out
-    assert "| local | 0.5000 | 0.5000 | — | 2.0 | 10 | 1 |" in out and "| fedavg-slow | 0.6000 | 0.6000 | 0.7500 | 2.0 | 10 | 1 |" in out
+    assert "| local | 0.5000 | 0.5000 | — | 2.0 | 10 | 1 of 2 |" in out and "| fedavg-slow | 0.6000 | 0.6000 | 0.7500 | 2.0 | 10 | 1 of 2 |" in out
 
 
 @pytest.mark.e2e
@@ -473,8 +493,19 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
     _, runs = load_suite(PROJECT_SUITES, suite)
     assert copy.read_text() == page.read_text()
     for grid in dict.fromkeys(r.grid for r in runs if (RECORDS / suite / r.grid).is_dir()):
-        assert (copy.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
-        assert (page.parent / "figures" / suite / f"{grid}-accuracy.png").is_file()
+        for figure in (f"{grid}-accuracy.png", f"{grid}-bytes.png"):
+            made, kept = copy.parent / "figures" / suite / figure, page.parent / "figures" / suite / figure
+            assert made.is_file() and kept.is_file()
+            if _drawn_by(kept) == _drawn_by(made):  # the same matplotlib draws the same bytes
+                assert made.read_bytes() == kept.read_bytes(), f"{kept} is not what its records draw"
+
+
+def _drawn_by(png):
+    """The matplotlib version a PNG's Software chunk names (figures from another version differ in their bytes)."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        return image.text.get("Software")
 
 
 def test_a_record_says_what_machine_made_it():
@@ -576,3 +607,111 @@ def test_records_made_on_other_data_under_the_same_folder_stop_the_suite(tmp_pat
     with pytest.raises(SystemExit, match="were made on different data under the same keys"):
         check_same_data(runs, records, "tiny")
     assert data_fingerprint(runs[0].config) == data_fingerprint(runs[1].config)  # the same pool: the same digest
+
+
+def test_a_record_is_of_the_run_by_its_whole_config_and_client_count(tmp_path):
+    """Records match on the run's whole config, the keys the suite leaves at their defaults and
+    a method's own keys too, and on its client count; a key pflower gained after the record was
+    made matches only at its default, and a key pflower no longer has is not compared."""
+    from pflower.bench import matches
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    local = load_suite(tmp_path / "suites.toml", "tiny")[1][0]
+    good = _metrics(local.config, 0.5)
+    assert matches(local, good)
+    assert not matches(local, {**good, "config": {**good["config"], "lr": 0.5}})  # a key the suite does not name
+    assert not matches(local, _metrics(local.config, 0.5, clients=2))
+    lacking = {**good, "config": {k: v for k, v in good["config"].items() if k != "server-threads"}}
+    assert matches(local, lacking) and matches(local, {**good, "config": {**good["config"], "a-removed-key": 1}})
+    (tmp_path / "threads.toml").write_text(SUITE.replace("local-epochs = 1", "local-epochs = 1\nserver-threads = 2"))
+    threaded = load_suite(tmp_path / "threads.toml", "tiny")[1][0]
+    assert not matches(threaded, lacking) and matches(threaded, _metrics(threaded.config, 0.5))
+    (tmp_path / "superfed.toml").write_text(SUITE.replace('methods = ["local",', 'methods = ["superfed",'))
+    superfed = load_suite(tmp_path / "superfed.toml", "tiny")[1][0]
+    doc = _metrics(superfed.config, 0.5)
+    assert doc["config"]["superfed.nu"] == 1.0 and matches(superfed, doc)
+    assert not matches(superfed, {**doc, "config": {**doc["config"], "superfed.nu": 2.0}})
+
+
+def test_a_run_whose_last_round_not_every_client_evaluated_is_not_finished(tmp_path):
+    """The last round is evaluated by every client: a record whose final evaluation lost a
+    client (a timeout), or has no accuracy, is of a run cut short and runs again."""
+    from pflower.bench import matches
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    local = load_suite(tmp_path / "suites.toml", "tiny")[1][0]
+    doc = _metrics(local.config, 0.5, rounds=1)
+    for key, value in (("evaluated", 2), ("accuracy", None)):
+        short = json.loads(json.dumps(doc))
+        short["rounds"][-1][key] = value
+        assert not matches(local, short)
+
+
+@pytest.mark.parametrize("content", [b"[]", b'"text"', b"\xff\xfe", b'{"config": {', b""])
+def test_an_unreadable_record_is_no_record_and_the_suite_goes_on(tmp_path, content, capsys):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    runs = load_suite(tmp_path / "suites.toml", "tiny")[1]
+    records = tmp_path / "records"
+    runs[0].record(records, "tiny").parent.mkdir(parents=True)
+    runs[0].record(records, "tiny").write_bytes(content)
+    assert load_record(runs[0], records, "tiny") is None
+    args = ["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--records", str(records), "--status"]
+    assert main(args) == 0 and "0 of 4 runs finished" in capsys.readouterr().out
+
+
+def test_a_results_dir_is_recorded_only_with_the_bench_json_of_that_very_run(tmp_path, monkeypatch):
+    """bench.json names the run (its lineage) it timed: a rerun into the folder of an earlier run
+    removes the earlier bench.json and run.log first, and a rerun that fails after writing all
+    its rounds leaves a results-dir that makes no record (not the earlier run's wall time, machine and data)."""
+    import contextlib
+    from pathlib import Path
+
+    import pflower.bench as bench
+
+    (tmp_path / "suites.toml").write_text(SUITE.replace("lr = 0.01", "lr = 0.02"))  # the suite changed since
+    results, records = tmp_path / "results", tmp_path / "records"
+    earlier = results / "tiny" / "g" / "fedavg-slow" / "seed0"
+    _fake_run(earlier, 0.6)  # finished with lr 0.01: its bench.json and metrics.json
+    (earlier / "run.log").write_text("the earlier run's log")
+    runs = [r for r in load_suite(tmp_path / "suites.toml", "tiny")[1] if r.label == "fedavg-slow" and r.seed == 0]
+    assert not finished(runs[0], results, records, "tiny")
+
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+        folder = Path(re.search(r"results-dir='([^']*)'", config).group(1))
+        assert not (folder / "bench.json").exists() and not (folder / "run.log").exists()
+        (folder / "metrics.json").write_text(json.dumps({**_metrics(runs[0].config, 0.7), "lineage": "1" * 32}))
+        (folder / "bench.json").write_text(json.dumps({"wall-seconds": 10.0, "clients": 3, "lineage": "0" * 32}))  # as if left over
+        return 1, "finished:failed", "log"
+
+    monkeypatch.setattr(bench, "submit", submit)
+    monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
+    monkeypatch.setattr(bench, "data_fingerprint", lambda config: "d" * 32)
+    with pytest.raises(SystemExit, match="ended 'finished:failed'"):
+        execute(runs, results, "tiny", records)
+    assert not finished(runs[0], results, records, "tiny") and not runs[0].record(records, "tiny").exists()
+
+
+def test_another_suite_file_keeps_out_of_the_projects_records(tmp_path, monkeypatch, capsys):
+    """A suite of the same name in another file would write over the project's records and its
+    docs page: it needs --records DIR; the project's own file, named by a relative path, is the
+    project's file."""
+    (tmp_path / "suites.toml").write_text(SUITE.replace("[tiny", "[small"))
+    with pytest.raises(SystemExit, match=r"--file .*suites.toml: bench/records holds the runs of bench/suites.toml only .* --records DIR"):
+        main(["small", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--status"])
+    monkeypatch.chdir(ROOT)
+    assert main(["small", "--file", "bench/suites.toml", "--results", str(tmp_path / "results"), "--status"]) == 0
+    assert "suite 'small': 14 of 14 runs finished" in capsys.readouterr().out
+
+
+def test_the_suite_figures_draw_the_evaluated_rounds_only_each_line_its_own_style():
+    """A grid's figures plot the mean over seeds of the rounds every seed evaluated (a suite that
+    evaluates every 10th round has no zeros in between), and no two of 40 lines look alike."""
+    from pflower.plots import line_style, mean_series
+
+    def doc(accuracies, mib_per_round):
+        return {"rounds": [{"round": k + 1, "accuracy": a, "cumulative-bytes-down": (k + 1) * mib_per_round * 2**20, "cumulative-bytes-up": 0}
+                           for k, a in enumerate(accuracies)]}  # fmt: skip
+
+    rounds, mib, acc = mean_series([doc([None, 0.5, None, 0.7], 1), doc([None, 0.3, 0.4, 0.9], 3)])
+    assert rounds == [2, 4] and acc.tolist() == pytest.approx([0.4, 0.8]) and mib.tolist() == [4.0, 8.0]
+    assert len({tuple(sorted(line_style(i).items())) for i in range(40)}) == 40
