@@ -123,9 +123,26 @@ def natural_id_clients(config: dict[str, Any]) -> int:
         raise SystemExit(f"clients = '{NATURAL_IDS}': {err}") from None
 
 
+def code_version() -> str:
+    """pflower's version, and the commit of this checkout where it is one ('+modified' when the
+    package's tracked files differ from it): which code made a record."""
+    import subprocess
+    from importlib.metadata import version
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        modified = "+modified" if git("status", "--porcelain", "--untracked-files=no", "--", "pflower") else ""
+    except (OSError, subprocess.SubprocessError):
+        return version("pflower")
+    return f"{version('pflower')} {commit}{modified}"
+
+
 def machine(cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> dict[str, Any]:
-    """What ran a record's run: CPU model and count, GPUs if any, the cores and GPU share each
-    ClientApp had, Python, torch and flwr versions."""
+    """What ran a record's run, and with which code: CPU model and count, GPUs if any, the cores
+    and GPU share each ClientApp had, Python, torch, flwr and pflower versions."""
     import flwr
     import torch
 
@@ -144,6 +161,7 @@ def machine(cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> dict[str,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "flwr": flwr.__version__,
+        "pflower": code_version(),
     }
 
 

@@ -514,7 +514,11 @@ def test_a_record_says_what_machine_made_it():
     from pflower.bench import machine
 
     info = machine()
-    assert set(info) == {"cpu", "cpus", "gpus", "cpus-per-client", "gpus-per-client", "python", "torch", "flwr"}
+    assert set(info) == {"cpu", "cpus", "gpus", "cpus-per-client", "gpus-per-client", "python", "torch", "flwr", "pflower"}
+    from importlib.metadata import version
+
+    commit = r" [0-9a-f]{12}(\+modified)?" if (ROOT / ".git").exists() else ""  # a git checkout's commit
+    assert re.fullmatch(re.escape(version("pflower")) + commit, info["pflower"])
     assert info["cpus"] >= 1 and info["flwr"] == "1.39.0" and (info["cpus-per-client"], info["gpus-per-client"]) == (1, 0.0)
     record = make_record({"config": {}, "final": {}, "rounds": []}, 3.0, 2, info)
     assert record["bench"] == {"wall-seconds": 3.0, "clients": 2, "machine": info}
