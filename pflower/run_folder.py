@@ -53,12 +53,12 @@ class FolderBusyError(RuntimeError):
 
 
 @contextmanager
-def claimed(folder: Path) -> Iterator[None]:
+def claimed(folder: Path, busy: str = "is being written by another run now: choose another results-dir, or wait for that run to end") -> Iterator[None]:
     """Hold ``folder`` for one run while the block runs: an exclusive lock on the folder itself,
     released when the block ends or the process dies (a killed run leaves no stale claim).
-    FolderBusyError if another run holds it: two runs started at once into one folder both
-    passed the check for another run's files (neither had written one yet) and wrote over
-    each other. A file system without locks claims nothing."""
+    FolderBusyError ('FOLDER ``busy``') if another process holds it: two runs started at once
+    into one folder both passed the check for another run's files (neither had written one yet)
+    and wrote over each other. A file system without locks claims nothing."""
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -68,7 +68,7 @@ def claimed(folder: Path) -> Iterator[None]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise FolderBusyError(f"{folder} is being written by another run now: choose another results-dir, or wait for that run to end") from None
+                raise FolderBusyError(f"{folder} {busy}") from None
             except OSError:
                 pass
         yield

@@ -639,7 +639,84 @@ def test_shakespeare_csv_from_the_hub_keeps_its_text_as_written(server, tmp_path
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setitem(fetch.HUB, "shakespeare", replace(fetch.HUB["shakespeare"], rows=3, lengths=()))  # odd rows, to keep as written
     rc, out, err = run(tmp_path, "shakespeare", capsys=capsys)
     assert rc == 0, err
     saved = datasets.load_from_disk(str(tmp_path / "shakespeare"))
     assert [tuple(r.values()) for r in saved["train"]] == rows
+
+
+def shakespeare_csv(lines: int) -> bytes:
+    buf = io.StringIO()
+    csv.writer(buf).writerows([("character_id", "x", "y"), *((f"PLAY_ROLE{i % 3}", f"{i:080d}", "abc"[i % 3]) for i in range(lines))])
+    return buf.getvalue().encode()
+
+
+@pytest.mark.parametrize("cut", ["between rows", "inside the last row's y", "inside the last row's x"])
+def test_a_shakespeare_csv_placed_by_hand_cut_short_is_refused(tmp_path, capsys, monkeypatch, cut):
+    """Offline, a file put in the staging folder has no Hub listing to be checked against: the
+    row count and every line's 80 characters and next one catch a copy cut anywhere."""
+    data = shakespeare_csv(10)
+    end = {"between rows": data.rindex(b"\n", 0, len(data) - 1) + 1, "inside the last row's y": len(data) - 3, "inside the last row's x": len(data) - 40}[cut]
+    monkeypatch.setenv("HF_ENDPOINT", dead_url().removesuffix("/files"))
+    monkeypatch.setitem(fetch.HUB, "shakespeare", replace(fetch.HUB["shakespeare"], rows=10))
+    staging = tmp_path / fetch.STAGING / "shakespeare"
+    staging.mkdir(parents=True)
+    (staging / "shakespeare.csv").write_bytes(data[:end])
+    rc, out, err = run(tmp_path, "shakespeare", capsys=capsys)
+    assert rc == 1 and out == "" and not (tmp_path / "shakespeare").exists() and "Traceback" not in err
+    assert re.search(
+        r"flwrlabs/shakespeare: (9 rows, expected 10|split 'train': 1 values of column '[xy]' are not (80|1) characters long \(the first in row 9\))", err
+    ), err
+    (staging / "shakespeare.csv").write_bytes(data)
+    (staging / ".DS_Store").write_bytes(b"a file manager's")  # hidden files are not the data
+    rc, out, err = run(tmp_path, "shakespeare", capsys=capsys)
+    assert rc == 0 and out.startswith("shakespeare: fetched"), err
+
+
+def test_a_stray_file_among_the_hub_files_placed_by_hand_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", dead_url().removesuffix("/files"))
+    staging = tmp_path / fetch.STAGING / "shakespeare"
+    staging.mkdir(parents=True)
+    (staging / "shakespeare.csv").write_bytes(shakespeare_csv(3))
+    (staging / "shakespeare (1).csv").write_bytes(shakespeare_csv(3))
+    rc, _, err = run(tmp_path, "shakespeare", capsys=capsys)
+    assert rc == 1 and f"{staging / 'shakespeare (1).csv'} is none of flwrlabs/shakespeare's files (shakespeare.csv): remove it" in err
+
+
+def test_a_file_added_to_a_fetched_folder_is_named_not_verified(server, mnist, tmp_path, capsys):
+    """A folder holds what its manifest lists and nothing else a reader would read: MNIST's
+    training files copied into the suites' test-set folder would be pooled with it."""
+    assert run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)[0] == 0
+    for f in (tmp_path / "torchvision" / "MNIST" / "raw").glob("train-*.gz"):
+        shutil.copy(f, tmp_path / "mnist")
+    (tmp_path / "mnist" / ".DS_Store").write_bytes(b"hidden: no reader reads it")
+    rc, _, err = run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)
+    assert rc == 1 and f"{tmp_path / 'mnist' / 'train-images-idx3-ubyte.gz'} (and 1 more) is not one of the files pflower-data verified there" in err
+
+
+def test_one_pflower_data_at_a_time_fetches_into_a_root(server, mnist, tmp_path, capsys):
+    """Two at once on one root would write the same staged files: the second stops, saying so,
+    and writes nothing."""
+    from pflower.run_folder import claimed
+
+    with claimed(tmp_path):  # another pflower-data holds the root
+        rc, out, err = run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)
+    assert (
+        rc == 1 and out == "" and err.strip() == f"pflower-data: {tmp_path} is being fetched into by another pflower-data now: run this again when it has ended"
+    )
+    assert server.requests == [] and sorted(p.name for p in tmp_path.iterdir()) == []
+    assert run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)[0] == 0
+
+
+def test_a_root_that_is_a_file_is_named_in_one_line(tmp_path, capsys):
+    (tmp_path / "root").write_text("not a folder")
+    rc, out, err = run(tmp_path / "root", "mnist", capsys=capsys)
+    assert (rc, out, err) == (1, "", f"pflower-data: --root {tmp_path / 'root'}: is a file, not a folder\n")
+
+
+def test_the_offline_rerun_command_quotes_a_root_with_spaces(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", dead_url().removesuffix("/files"))
+    root = tmp_path / "my data"
+    rc, _, err = run(root, "shakespeare", capsys=capsys)
+    assert rc == 1 and f"run `pflower-data shakespeare --root '{root}'` again" in err
