@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import time
 import tomllib
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 from flwr.common.config import flatten_dict
 
+from pflower.check import app_run_config
 from pflower.config import ConfigError, Settings, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
 from pflower.launcher import core_count, gpu_share, resources_problem, simulation_superlink, submit
@@ -124,20 +126,28 @@ def natural_id_clients(config: dict[str, Any]) -> int:
 
 
 def code_version() -> str:
-    """pflower's version, and the commit of this checkout where it is one ('+modified' when the
-    package's tracked files differ from it): which code made a record."""
+    """pflower's version, and the commit of the checkout it runs from where it runs from one
+    ('+modified' when the package or its pyproject.toml, which holds the runs' defaults, differ
+    from it): which code made a record."""
     import subprocess
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("pflower")
+    except PackageNotFoundError:
+        release = "unreleased"
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
 
     try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != ROOT.resolve():  # installed inside another checkout
+            return release
         commit = git("rev-parse", "--short=12", "HEAD")
-        modified = "+modified" if git("status", "--porcelain", "--untracked-files=no", "--", "pflower") else ""
+        modified = "+modified" if git("status", "--porcelain", "--untracked-files=no", "--", "pflower", "pyproject.toml") else ""
     except (OSError, subprocess.SubprocessError):
-        return version("pflower")
-    return f"{version('pflower')} {commit}{modified}"
+        return release
+    return f"{release} {commit}{modified}"
 
 
 def machine(cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> dict[str, Any]:
@@ -203,14 +213,16 @@ def data_key(config: dict[str, Any]) -> tuple:
 def check_same_data(runs: list[Run], records: Path, suite: str, now: dict[tuple, str] | None = None) -> None:
     """Stop when a suite's records were made on different data for the same data keys (each
     other's, or ``now``'s: the digest of what the data root holds now); records from before
-    digests were kept say nothing and pass."""
+    digests were kept say nothing and pass. Every record at a run's place that names the run's
+    data counts, whether or not it is of the run now: other data can make it another run (a
+    natural-id grid's client count), and rerunning would write over it."""
     seen: dict[tuple, tuple[str, Path]] = {}
     for run in runs:
-        doc = load_record(run, records, suite)
-        digest = (doc or {}).get("bench", {}).get("data")
-        if digest is None:
-            continue
         key, path = data_key(run.config), run.record(records, suite)
+        doc = _read(path) or {}
+        digest = (doc.get("bench") or {}).get("data") if isinstance(doc.get("bench"), dict) else None
+        if digest is None or data_key({k: (doc.get("config") or {}).get(k) for k, _ in key}) != key:
+            continue
         if now is not None and key in now and now[key] != digest:
             raise SystemExit(
                 f"{path} was made on other data than {run.config.get('data-dir') or run.config.get('dataset', 'the default data set')} holds now (digest {digest}, now {now[key]}): "
@@ -250,47 +262,64 @@ def client_errors(doc: dict[str, Any]) -> int:
 
 @cache
 def default_config(method: str) -> dict[str, Any]:
-    """Every run-config key of ``method`` at its declared default (pyproject.toml's, a test says);
-    none for a method that is not declared (no record is of it)."""
+    """Every run-config key of ``method`` at pflower's declared default; none for a method that
+    is not declared (no record is of it)."""
     return Settings(method=method).to_run_config() if method in declarations() else {}
 
 
+@cache
+def app_defaults() -> dict[str, Any]:
+    """The run-config defaults a run of the suites gets: the app's pyproject.toml
+    ``[tool.flwr.app.config]`` (what ``flwr run`` submits beneath a suite's keys)."""
+    return app_run_config(ROOT)
+
+
 def resolved_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The whole run config a run of the suite's ``config`` has: its method's defaults, then the suite's keys."""
-    return {**default_config(config.get("method", "pfedla")), **config}
+    """The whole run config a run of the suite's ``config`` has: the app's defaults (the shared
+    keys and its method's own), then the suite's keys."""
+    defaults = app_defaults()
+    method = config.get("method", defaults.get("method"))
+    return {**{k: v for k, v in defaults.items() if "." not in k or k.startswith(f"{method}.")}, **config}
 
 
-def complete(run: Run, doc: dict[str, Any]) -> bool:
-    """Whether a record or metrics.json holds the whole run: all its rounds, the last evaluated
-    by every client (as the loop does), its final metrics, and no client that crashed (such a
-    run measures the machine, not the method: it runs again)."""
-    rounds = doc.get("rounds", [])
-    last = rounds[-1] if rounds else {}
-    clients = doc.get("num-clients")
-    return (
-        len(rounds) >= run.rounds
-        and "final" in doc
-        and last.get("accuracy") is not None
-        and last.get("evaluated") == clients
-        and (run.clients == 0 or clients == run.clients)  # 0: a natural-id grid whose data is not here to count
-        and client_errors(doc) == 0
-    )
+def mismatch(run: Run, doc: dict[str, Any]) -> str | None:
+    """Why a record or metrics.json is not of ``run`` as the suite declares it now, or None. It
+    is of the run when it holds the whole run (all its rounds, the last evaluated by every
+    client as the loop does, its final metrics, no client that crashed: such a run measures the
+    machine, not the method) with the run's client count and every key of the run's whole config
+    (:func:`resolved_config`; places aside). A key the record lacks came into pflower after it
+    was made, at the default that keeps the old behaviour: it matches only that default. A key
+    the record has and pflower no longer has is not compared."""
+    try:
+        rounds, clients = doc.get("rounds", []), doc.get("num-clients")
+        last = rounds[-1] if rounds else {}
+        if len(rounds) < run.rounds or "final" not in doc:
+            return f"{len(rounds)} of its {run.rounds} rounds"
+        if last.get("accuracy") is None or last.get("evaluated") != clients:
+            return f"its last round evaluated by {last.get('evaluated')} of its {clients} clients"
+        if run.clients and clients != run.clients:  # 0: a natural-id grid whose data is not here to count
+            return f"{clients} clients, the suite's {run.clients}"
+        if errors := client_errors(doc):
+            return f"{errors} clients crashed"
+        config, defaults = doc.get("config", {}), default_config(run.config.get("method", "pfedla"))
+        for key, value in resolved_config(run.config).items():
+            if key not in PLACES and (had := config.get(key, defaults.get(key))) != value:
+                return f"{key} = {had!r}, the suite's run has {value!r}"
+    except (AttributeError, TypeError, KeyError, IndexError) as err:
+        return f"not a record ({type(err).__name__}: {err})"
+    return None
 
 
 def matches(run: Run, doc: dict[str, Any]) -> bool:
-    """Whether a record or metrics.json is of ``run``: :func:`complete`, with every key of the
-    run's whole config (:func:`resolved_config`; places aside) as it is now. A key the record
-    lacks came into pflower after it was made, at the default that keeps the old behaviour: it
-    matches only the default. A key the record has and pflower no longer has is not compared."""
-    config, defaults = doc.get("config", {}), default_config(run.config.get("method", "pfedla"))
-    return complete(run, doc) and all(config.get(k, defaults.get(k)) == v for k, v in resolved_config(run.config).items() if k not in PLACES)
+    """Whether a record or metrics.json is of ``run`` (:func:`mismatch` finds nothing)."""
+    return mismatch(run, doc) is None
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``; None if absent, cut short by a crash or not an object."""
+    """A JSON object from ``path``; None if absent, unreadable, cut short by a crash or not an object."""
     try:
         doc = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -418,7 +447,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
                 {"wall-seconds": wall, "clients": run.clients, "machine": machine(cpus, gpus), "data": digests[data_key(run.config)], "lineage": lineage},
             )
             if not finished(run, results, records, suite):
-                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended without all its rounds in {d / 'metrics.json'}")
+                why = mismatch(run, _read(d / "metrics.json") or {}) or "no metrics.json"
+                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended, but {d / 'metrics.json'} is not of the suite's run: {why}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
 
 
@@ -697,9 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     results, records = args.results.resolve(), args.records.resolve()
     kept = records == RECORDS.resolve()  # the project's records: their pages and README follow them
-    if kept and args.file.resolve() != SUITES.resolve():
+    if kept and args.file.resolve() != SUITES.resolve() and args.suite in tomllib.loads(SUITES.read_text()):
         raise SystemExit(
-            f"--file {args.file}: bench/records holds the runs of bench/suites.toml only (a suite of the same name in another file would write over them); "
+            f"--file {args.file}: bench/suites.toml has a suite '{args.suite}' too, whose records in bench/records this one's would write over; "
             "give this file's runs a folder of their own with --records DIR"
         )
     suite, runs = load_suite(args.file, args.suite, args.data_root)
@@ -708,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     needed, names = missing_data(runs, data_root(args.data_root))
     if needed and not (args.report_only or args.status):
         root = data_root(args.data_root)
-        fetch = f"`pflower-data {' '.join(names)} --root {root}` fetches it, or " if names else ""
+        fetch = f"`pflower-data {' '.join(names)} --root {shlex.quote(str(root))}` fetches it, or " if names else ""
         raise SystemExit(
             f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: {fetch}put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
         )
@@ -729,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(args.suite, suite, runs, records, results / args.suite, page))
     if page is not None:
         print(f"tables written into {page}", flush=True)
-    if args.readme is not None or kept:
+    if args.readme is not None or (kept and args.file.resolve() == SUITES.resolve()):
         readme = args.readme or README
         if names := write_headlines(args.suite, args.file, records, readme):
             print(f"headline tables {', '.join(names)} written into {readme}", flush=True)

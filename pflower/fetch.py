@@ -409,8 +409,9 @@ def write_manifest(folder: Path, name: str, sources: Iterable[str]) -> int:
 
 def check_target(folder: Path) -> tuple[str, str, int]:
     """(state, why, files) of a folder pflower-data writes: ``missing``; ``ok`` (every file its
-    manifest lists has that size and sha256); ``foreign`` (there, not written by pflower-data);
-    ``damaged`` (a file differs from its manifest: ``why`` names it)."""
+    manifest lists has that size and sha256, and no other file but hidden ones is there);
+    ``foreign`` (there, not written by pflower-data); ``damaged`` (a file differs from its
+    manifest: ``why`` names it); ``unlisted`` (a file its manifest does not list: ``why`` names it)."""
     if not folder.exists():
         return "missing", "", 0
     manifest = folder / MANIFEST
@@ -432,7 +433,7 @@ def check_target(folder: Path) -> tuple[str, str, int]:
     listed = {folder / rel for rel in files}
     if extra := [p for p in _files(folder) if p not in listed and not p.name.startswith(".")]:  # the readers skip hidden files
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        return "damaged", f"{extra[0]}{more} is not one of the files pflower-data verified there, and a reader would read it too: remove it", 0
+        return "unlisted", f"{extra[0]}{more} is not one of the files pflower-data verified there (a reader may read it with them): remove it", 0
     return "ok", "", len(files)
 
 
@@ -613,6 +614,11 @@ class Offline(Exception):
         self.name, self.reason, self.lines, self.checked = name, reason, lines, checked
 
 
+def present_line(name: str, states: dict[Path, tuple[str, str, int]]) -> str:
+    """What pflower-data says of a name whose folders all match their manifests."""
+    return f"{name}: present at {', '.join(map(str, states))}, verified ({sum(n for _, _, n in states.values())} files)"
+
+
 class Fetcher:
     """Fetch names into ``root``; progress and notes to ``err`` (default: stderr)."""
 
@@ -657,9 +663,8 @@ class Fetcher:
         targets = [self.root / t for t in ds.targets]
         states = {t: check_target(t) for t in targets}
         if all(s == "ok" for s, _, _ in states.values()):
-            files = sum(n for _, _, n in states.values())
-            return f"{name}: present at {', '.join(map(str, targets))}, verified ({files} files)"
-        if problems := [d for s, d, _ in states.values() if s in ("foreign", "damaged")]:
+            return present_line(name, states)
+        if problems := [d for s, d, _ in states.values() if s in ("foreign", "damaged", "unlisted")]:
             damaged = [str(t) for t, (s, _, _) in states.items() if s == "damaged"]
             hint = f"; remove {', '.join(damaged)} and run again" if damaged else ""
             raise FetchError("; ".join(problems) + hint)
@@ -754,6 +759,13 @@ def run(names: list[str], root: Path, mirror: str | None, out: TextIO | None = N
     (status lines to ``out``, failures and progress to ``err``: stdout and stderr by default).
     One pflower-data at a time fetches into a root (a lock on it; another stops, saying so)."""
     out, err = out or sys.stdout, err or sys.stderr
+    names = list(dict.fromkeys(names))
+    states = {n: {root / t: check_target(root / t) for t in DATASETS[n].targets} for n in names} if root.is_dir() else {}
+    present = [n for n in names if n in states and all(s == "ok" for s, _, _ in states[n].values())]
+    for name in present:  # read only: a read-only root, or one another pflower-data writes into, answers for these
+        print(present_line(name, states[name]), file=out, flush=True)
+    if not (names := [n for n in names if n not in present]):
+        return 0
     if why := root_problem(root):
         print(f"pflower-data: --root {root}: {why}", file=err)
         return 1

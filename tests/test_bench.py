@@ -21,9 +21,9 @@ from pflower.bench import (
     make_record,
     ordering_sentence,
     report,
-    resolved_config,
     suite_page,
 )
+from pflower.check import app_run_config
 from pflower.config import load_settings
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
@@ -210,7 +210,8 @@ def _metrics(config, accuracy, rounds=1, clients=3, **extra):
     every round evaluated by all ``clients``, as the loop's last round is."""
     final = {"accuracy": accuracy, "weighted-accuracy": accuracy, "bytes-down": 2**20, "bytes-up": 2**20, **extra}
     steps = [{"round": k + 1, "accuracy": accuracy, "evaluated": clients, "cumulative-bytes-down": 2**20, "cumulative-bytes-up": 2**20} for k in range(rounds)]
-    return {"config": resolved_config(config), "num-clients": clients, "lineage": "0" * 32, "final": final, "rounds": steps}
+    recorded = load_settings({**app_run_config(ROOT), **config}).to_run_config()  # what a run of `flwr run` records
+    return {"config": recorded, "num-clients": clients, "lineage": "0" * 32, "final": final, "rounds": steps}
 
 
 def _fake_run_files(directory, config, accuracy):
@@ -651,13 +652,16 @@ def test_a_run_whose_last_round_not_every_client_evaluated_is_not_finished(tmp_p
         assert not matches(local, short)
 
 
-@pytest.mark.parametrize("content", [b"[]", b'"text"', b"\xff\xfe", b'{"config": {', b""])
+@pytest.mark.parametrize("content", [b"[]", b'"text"', b"\xff\xfe", b'{"config": {', b"", b'{"config": [], "rounds": ["x"], "final": {}}', None])
 def test_an_unreadable_record_is_no_record_and_the_suite_goes_on(tmp_path, content, capsys):
     (tmp_path / "suites.toml").write_text(SUITE)
     runs = load_suite(tmp_path / "suites.toml", "tiny")[1]
     records = tmp_path / "records"
     runs[0].record(records, "tiny").parent.mkdir(parents=True)
-    runs[0].record(records, "tiny").write_bytes(content)
+    if content is None:  # a folder where the record should be
+        runs[0].record(records, "tiny").mkdir()
+    else:
+        runs[0].record(records, "tiny").write_bytes(content)
     assert load_record(runs[0], records, "tiny") is None
     args = ["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--records", str(records), "--status"]
     assert main(args) == 0 and "0 of 4 runs finished" in capsys.readouterr().out
@@ -699,9 +703,11 @@ def test_another_suite_file_keeps_out_of_the_projects_records(tmp_path, monkeypa
     """A suite of the same name in another file would write over the project's records and its
     docs page: it needs --records DIR; the project's own file, named by a relative path, is the
     project's file."""
-    (tmp_path / "suites.toml").write_text(SUITE.replace("[tiny", "[small"))
-    with pytest.raises(SystemExit, match=r"--file .*suites.toml: bench/records holds the runs of bench/suites.toml only .* --records DIR"):
+    (tmp_path / "suites.toml").write_text(SUITE.replace("[tiny", "[small") + SUITE.replace("[tiny", "[mine-only"))
+    with pytest.raises(SystemExit, match=r"--file .*suites.toml: bench/suites.toml has a suite 'small' too, whose records .* --records DIR"):
         main(["small", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--status"])
+    assert main(["mine-only", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "results"), "--status"]) == 0  # no clash
+    assert "suite 'mine-only': 0 of 4 runs finished" in capsys.readouterr().out
     monkeypatch.chdir(ROOT)
     assert main(["small", "--file", "bench/suites.toml", "--results", str(tmp_path / "results"), "--status"]) == 0
     assert "suite 'small': 14 of 14 runs finished" in capsys.readouterr().out
@@ -719,3 +725,41 @@ def test_the_suite_figures_draw_the_evaluated_rounds_only_each_line_its_own_styl
     rounds, mib, acc = mean_series([doc([None, 0.5, None, 0.7], 1), doc([None, 0.3, 0.4, 0.9], 3)])
     assert rounds == [2, 4] and acc.tolist() == pytest.approx([0.4, 0.8]) and mib.tolist() == [4.0, 8.0]
     assert len({tuple(sorted(line_style(i).items())) for i in range(40)}) == 40
+
+
+def test_a_record_matches_the_apps_defaults_and_a_mismatch_is_named(tmp_path, monkeypatch):
+    """A run's config beneath the suite's keys is the app's pyproject.toml (what `flwr run`
+    submits): a user who raises a default there gets runs of that value, and the records made
+    before do not match them; why a metrics.json is not of its run is said key by key."""
+    import pflower.bench as bench
+    from pflower.bench import app_defaults, mismatch
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    local = load_suite(tmp_path / "suites.toml", "tiny")[1][0]
+    before = _metrics(local.config, 0.5)
+    monkeypatch.setattr(bench, "app_defaults", lambda: {**app_defaults(), "round-timeout": 1200.0})
+    assert mismatch(local, before) == "round-timeout = 600.0, the suite's run has 1200.0"
+    assert mismatch(local, {**before, "config": {**before["config"], "round-timeout": 1200.0}}) is None
+    last = {**before["rounds"][-1], "evaluated": 2}
+    assert mismatch(local, {**before, "rounds": [last]}) == "its last round evaluated by 2 of its 3 clients"
+    assert mismatch(local, {**before, "rounds": []}) == "0 of its 1 rounds"
+
+
+def test_records_on_other_data_stop_the_suite_even_where_they_are_not_of_the_run_now(tmp_path):
+    """A natural-id grid's client count comes from its data: other data under the same folder
+    can make a record another run's, which rerunning would write over; its digest still stops
+    the suite."""
+    from pflower.bench import check_same_data, data_key
+
+    (tmp_path / "suites.toml").write_text(SUITE)
+    results, records = tmp_path / "results", tmp_path / "records"
+    run = load_suite(tmp_path / "suites.toml", "tiny")[1][0]
+    _fake_run(run.directory(results, "tiny"), 0.5)
+    bench_json = run.directory(results, "tiny") / "bench.json"
+    bench_json.write_text(json.dumps({**json.loads(bench_json.read_text()), "data": "a" * 32}))
+    finished(run, results, records, "tiny")
+    record = run.record(records, "tiny")
+    record.write_text(json.dumps({**json.loads(record.read_text()), "num-clients": 5}))  # as if drawn from other data
+    assert load_record(run, records, "tiny") is None
+    with pytest.raises(SystemExit, match="was made on other data than"):
+        check_same_data([run], records, "tiny", {data_key(run.config): "b" * 32})

@@ -693,6 +693,7 @@ def test_a_file_added_to_a_fetched_folder_is_named_not_verified(server, mnist, t
     (tmp_path / "mnist" / ".DS_Store").write_bytes(b"hidden: no reader reads it")
     rc, _, err = run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)
     assert rc == 1 and f"{tmp_path / 'mnist' / 'train-images-idx3-ubyte.gz'} (and 1 more) is not one of the files pflower-data verified there" in err
+    assert "run again" not in err  # remove that file, not the verified folder
 
 
 def test_one_pflower_data_at_a_time_fetches_into_a_root(server, mnist, tmp_path, capsys):
@@ -720,3 +721,17 @@ def test_the_offline_rerun_command_quotes_a_root_with_spaces(tmp_path, capsys, m
     root = tmp_path / "my data"
     rc, _, err = run(root, "shakespeare", capsys=capsys)
     assert rc == 1 and f"run `pflower-data shakespeare --root '{root}'` again" in err
+
+
+def test_present_data_answers_on_a_read_only_root_and_while_another_fetch_holds_it(server, mnist, tmp_path, capsys, monkeypatch):
+    """Checking what is there writes nothing: a root this user may not write, or one another
+    pflower-data is fetching into, still says its verified names are present."""
+    from pflower.run_folder import claimed
+
+    assert run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)[0] == 0
+    monkeypatch.setattr(fetch, "root_problem", lambda root: "is not writable by this user")
+    with claimed(tmp_path):
+        rc, out, err = run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)
+    assert (rc, err) == (0, "") and out.startswith("mnist: present at ")
+    rc, _, err = run(tmp_path, "mnist", "cifar10", capsys=capsys)
+    assert rc == 1 and f"pflower-data: --root {tmp_path}: is not writable by this user" in err
