@@ -220,8 +220,9 @@ def check_same_data(runs: list[Run], records: Path, suite: str, now: dict[tuple,
     for run in runs:
         key, path = data_key(run.config), run.record(records, suite)
         doc = _read(path) or {}
-        digest = (doc.get("bench") or {}).get("data") if isinstance(doc.get("bench"), dict) else None
-        if digest is None or data_key({k: (doc.get("config") or {}).get(k) for k, _ in key}) != key:
+        bench, config = doc.get("bench"), doc.get("config")
+        digest = bench.get("data") if isinstance(bench, dict) else None
+        if digest is None or not isinstance(config, dict) or data_key({k: config.get(k) for k, _ in key}) != key:
             continue
         if now is not None and key in now and now[key] != digest:
             raise SystemExit(

@@ -569,9 +569,9 @@ def _install_hub(spec: Hub, staged: dict[str, Path], out: Path, scratch: Path) -
         raise FetchError(f"{spec.repo}: no rows")
     for column, length in spec.lengths:
         for split, ds in saved.items():
-            sizes = pc.utf8_length(ds.data.column(column))
-            if (odd := pc.sum(pc.not_equal(sizes, length)).as_py() or 0) > 0:
-                first = pc.index(pc.not_equal(sizes, length), True).as_py()
+            off = pc.not_equal(pc.utf8_length(ds.data.column(column)), length)
+            if (odd := pc.sum(off).as_py() or 0) > 0:
+                first = pc.index(off, True).as_py()
                 raise FetchError(
                     f"{spec.repo}: split {split!r}: {odd} values of column {column!r} are not {length} characters long (the first in row {first}): a damaged or cut file"
                 )
@@ -645,7 +645,7 @@ class Fetcher:
             if stray := [r for r in rels if not any(fnmatch.fnmatch(r, pat) for pat in spec.patterns)]:
                 raise FetchError(f"{self.staging(name) / stray[0]} is none of {spec.repo}'s files ({', '.join(spec.patterns)}): remove it") from None
             if rels:
-                note = f"the Hub cannot be reached ({err}): the {len(rels)} files placed in {self.staging(name)} are checked by their columns and rows alone"
+                note = f"the Hub cannot be reached ({err}): the {len(rels)} files placed in {self.staging(name)} are checked by what they hold alone (columns, rows, line lengths)"
                 return [Remote("", r) for r in rels], note
             tree = f"{endpoint}/datasets/{spec.repo}/tree/{spec.revision}"
             lines = [
@@ -653,7 +653,7 @@ class Fetcher:
                 + (f" (every such file {tree} lists) -> {self.staging(name) / pat.rpartition('/')[0]}/" if "*" in pat else f" -> {self.staging(name) / pat}")
                 for pat in spec.patterns
             ]
-            checked = "the files are checked by their columns and rows, the Hub's sha256s being out of reach"
+            checked = "the files are checked by what they hold (columns, rows, line lengths), the Hub's sha256s being out of reach"
             raise Offline(name, f"{urllib.parse.urlsplit(endpoint).netloc}: {err}", lines, checked) from None
 
     def fetch(self, name: str) -> str:
@@ -794,7 +794,7 @@ def _run(names: list[str], root: Path, mirror: str | None, out: TextIO, err: Tex
     fetcher = Fetcher(root, mirror, err)
     failures: list[str] = []
     offline: list[Offline] = []
-    for name in dict.fromkeys(names):
+    for name in names:
         try:
             print(fetcher.fetch(name), file=out, flush=True)
         except Offline as e:
