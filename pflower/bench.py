@@ -38,7 +38,7 @@ from pflower.config import ConfigError, Settings, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
 from pflower.launcher import core_count, gpu_share, resources_problem, simulation_superlink, submit
 from pflower.methods import declarations
-from pflower.plots import plot_comparison, plot_mean_accuracy
+from pflower.plots import draw_mechanisms, plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
 from pflower.run_folder import clear_run
 
@@ -46,8 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records"
 SUITES = ROOT / "bench" / "suites.toml"
 DOCS = ROOT / "docs"
-#: Per-round entries too large to keep for every round: a record keeps them for the last round
-#: that has them (the figures of the final state need no more).
+#: Per-round entries too large to keep for every round: a record keeps them whole for the last
+#: round that has them (the figures of the final state) and, before it, client 0's entry only
+#: (the figure of client 0's weights over the rounds).
 LAST_ROUND_ONLY = ("alpha",)
 
 
@@ -97,6 +98,9 @@ def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, l
         if grid.get("examples"):  # every declared method with its declaration's example keys
             grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]
         clients = grid.get("clients", 10)
+        labels = [m if isinstance(m, str) else m.get("label", m["method"]) for m in grid["methods"]]
+        if unknown := [m for m in grid.get("mechanism", []) if m not in labels]:
+            raise SystemExit(f"suite '{name}', grid '{grid['name']}': mechanism {unknown} is not among its labels ({', '.join(labels)})")
         for entry in grid["methods"]:
             entry = {"method": entry} if isinstance(entry, str) else dict(entry)
             label = entry.pop("label", entry["method"])
@@ -238,13 +242,13 @@ def make_record(
     metrics: dict[str, Any], wall_seconds: float, clients: int, machine_info: dict[str, Any] | None = None, data: str | None = None
 ) -> dict[str, Any]:
     """A run's compact record from its metrics.json: everything but the per-round entries of
-    :data:`LAST_ROUND_ONLY` before the last round that has them, plus the bench's wall time, the
-    machine that ran it and the digest of its data (:func:`data_fingerprint`)."""
+    :data:`LAST_ROUND_ONLY` before the last round that has them, which keep client 0's part, plus
+    the bench's wall time, the machine that ran it and the digest of its data (:func:`data_fingerprint`)."""
     rounds = [dict(r) for r in metrics["rounds"]]
     for key in LAST_ROUND_ONLY:
         having = [r for r in rounds if key in r]
         for r in having[:-1]:
-            del r[key]
+            r[key] = {"0": r[key]["0"]}
     bench = {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {}), **({"data": data} if data else {})}
     return {**metrics, "rounds": rounds, "bench": bench}
 
@@ -581,6 +585,9 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
             figures = [figure_dir / f"{grid['name']}-accuracy.png", figure_dir / f"{grid['name']}-bytes.png"]
             plot_mean_accuracy({r["method"]: r["docs"] for r in rows}, figures[0], grid.get("title", grid["name"]))
             plot_comparison({r["method"]: r["docs"] for r in rows}, figures[1])
+            for r in rows:
+                if r["method"] in grid.get("mechanism", []):
+                    figures += draw_mechanisms(r["docs"][0], figure_dir, f"{grid['name']}-{r['method']}-")
             links = [f.relative_to(page.parent).as_posix() for f in figures] if page is not None else []
             parts.append(markdown(grid, rows, links))
     text = "\n".join(parts)

@@ -164,7 +164,7 @@ def plot_partition(counts: dict[str, list[int]], path, title: str, domains: dict
 
 def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
     """Every figure one run's metrics support: accuracy per round, the partition (labels per
-    client, and domains), pFedLA's weights, SuPerFed's lambda curve, FedeRiCo's collaboration weights."""
+    client, and domains) and the method's mechanism figures (:func:`draw_mechanisms`)."""
     cfg, rounds = doc["config"], doc["rounds"]
     name = cfg.get("method") or doc.get("strategy", "run")
     drawn = [directory / "accuracy.png"]
@@ -175,24 +175,34 @@ def draw_run(doc: dict[str, Any], directory: Path) -> list[Path]:
         plot_partition(
             doc["client-label-counts"], drawn[-1], f"{cfg.get('dataset', '')}: partition '{cfg.get('partition', '')}'{shift}", doc.get("client-domains")
         )
+    return drawn + draw_mechanisms(doc, directory)
+
+
+def draw_mechanisms(doc: dict[str, Any], directory: Path, prefix: str = "") -> list[Path]:
+    """The figures of what a method learns, from a run's metrics.json or its record: pFedLA's
+    weights (the last round's, and client 0's over the rounds), SuPerFed's accuracy against
+    lambda, FedeRiCo's collaboration weights; each file named ``prefix`` + its kind."""
+    cfg, rounds = doc["config"], doc["rounds"]
+    name = cfg.get("method") or doc.get("strategy", "run")
+    drawn = []
     with_alpha = [r for r in rounds if "alpha" in r]
     if with_alpha:
         last = with_alpha[-1]
-        drawn.append(directory / "alpha-heatmap.png")
+        drawn.append(directory / f"{prefix}alpha-heatmap.png")
         classes, n = doc.get("client-classes") or {}, len(last["alpha"])
         order = group_order([classes[str(i)] for i in range(n)]) if all(str(i) in classes for i in range(n)) else None
         ratios = last.get("alpha-structure", {}).get("ratio")
         caption = " (clients ordered by class set)" if order else ""
         plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}{caption}", order, ratios)
-        history = np.stack([alpha_array(r["alpha"])[0] for r in with_alpha])
-        drawn.append(directory / "alpha-evolution.png")
+        history = np.stack([np.array(r["alpha"]["0"]) for r in with_alpha])
+        drawn.append(directory / f"{prefix}alpha-evolution.png")
         plot_alpha_evolution([r["round"] for r in with_alpha], history, 0, drawn[-1], f"{name}: weights of client 0")
     if any("lambda-curve" in r for r in rounds):
-        drawn.append(directory / "lambda.png")
+        drawn.append(directory / f"{prefix}lambda.png")
         plot_lambda_curves(rounds, drawn[-1], f"{name} ({cfg.get('superfed.mixing', '')} mixing): accuracy vs lambda")
     with_w = [r for r in rounds if r.get("collaboration-weights")]
     if with_w:
-        drawn.append(directory / "collaboration-weights.png")
+        drawn.append(directory / f"{prefix}collaboration-weights.png")
         plot_collaboration(weight_matrix(with_w[-1]["collaboration-weights"]), drawn[-1], f"{name}: weights, round {with_w[-1]['round']}")
     return drawn
 

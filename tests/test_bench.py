@@ -25,6 +25,7 @@ from pflower.bench import (
 )
 from pflower.check import app_run_config
 from pflower.config import load_settings
+from pflower.results import write_json
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
 
@@ -455,17 +456,40 @@ def test_every_headline_table_in_the_readme_is_the_one_its_records_make(tmp_path
     assert copy.read_text() == README.read_text()
 
 
-def test_a_record_keeps_the_large_per_round_entries_for_the_last_round_only():
+def test_a_record_keeps_the_large_per_round_entries_whole_for_the_last_round_and_client_0_before():
     metrics = {"config": {"method": "pfedla"}, "final": {"accuracy": 0.5},
-               "rounds": [{"round": k, "accuracy": 0.1 * k, "alpha": {"0": [[k]]}, "alpha-structure": {"ratio": k}} for k in (1, 2, 3)]}  # fmt: skip
+               "rounds": [{"round": k, "accuracy": 0.1 * k, "alpha": {"0": [[k]], "1": [[-k]]}, "alpha-structure": {"ratio": k}} for k in (1, 2, 3)]}  # fmt: skip
     record = make_record(metrics, 12.5, 4)
-    assert [("alpha" in r, r["alpha-structure"]["ratio"], r["accuracy"]) for r in record["rounds"]] == [
-        (False, 1, 0.1),
-        (False, 2, 0.2),
-        (True, 3, 0.30000000000000004),
+    assert [(r["alpha"], r["alpha-structure"]["ratio"], r["accuracy"]) for r in record["rounds"]] == [
+        ({"0": [[1]]}, 1, 0.1),
+        ({"0": [[2]]}, 2, 0.2),
+        ({"0": [[3]], "1": [[-3]]}, 3, 0.30000000000000004),
     ]
-    assert record["rounds"][-1]["alpha"] == {"0": [[3]]} and record["bench"] == {"wall-seconds": 12.5, "clients": 4}
-    assert "alpha" in metrics["rounds"][0]  # the run's own metrics are left as they were
+    assert record["bench"] == {"wall-seconds": 12.5, "clients": 4}
+    assert metrics["rounds"][0]["alpha"] == {"0": [[1]], "1": [[-1]]}  # the run's own metrics are left as they were
+
+
+def test_a_grid_s_mechanism_labels_get_their_first_recorded_seed_s_figures_on_the_page(tmp_path):
+    """``mechanism = [LABEL]`` draws what that method learned (pFedLA's weights, client 0's over
+    the rounds, from a record) beside the grid's figures, from the lowest seed with a record."""
+    (tmp_path / "suites.toml").write_text(SUITE.replace("paper = {", 'mechanism = ["fedavg-slow"]\npaper = {'))
+    suite, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    records = tmp_path / "records"
+    for run in runs:
+        metrics = _metrics(run.config, 0.5, rounds=3)
+        for k, r in enumerate(metrics["rounds"]):
+            r["alpha"] = {str(i): [[0.2 + 0.1 * k * (i == j) for j in range(3)] for _ in range(2)] for i in range(3)}
+        if run.seed == 1:
+            write_json(run.record(records, "tiny"), make_record(metrics, 10.0, 3))
+    page = _page(tmp_path)
+    report("tiny", suite, runs, records, tmp_path / "out", page)
+    drawn = ["g-accuracy", "g-bytes", "g-fedavg-slow-alpha-heatmap", "g-fedavg-slow-alpha-evolution"]
+    assert " ".join(f"![{f}](figures/tiny/{f}.png)" for f in drawn) in page.read_text()
+    assert all((tmp_path / "figures" / "tiny" / f"{f}.png").stat().st_size > 1000 for f in drawn)
+    assert "g-local-alpha" not in page.read_text()
+    (tmp_path / "suites.toml").write_text(SUITE.replace("paper = {", 'mechanism = ["fedavg"]\npaper = {'))
+    with pytest.raises(SystemExit, match=r"suite 'tiny', grid 'g': mechanism \['fedavg'\] is not among its labels \(local, fedavg-slow\)"):
+        load_suite(tmp_path / "suites.toml", "tiny")
 
 
 def _block(text: str, suite: str) -> str:
