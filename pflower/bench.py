@@ -248,7 +248,7 @@ def make_record(
     for key in LAST_ROUND_ONLY:
         having = [r for r in rounds if key in r]
         for r in having[:-1]:
-            r[key] = {"0": r[key]["0"]}
+            r[key] = {c: v for c, v in r[key].items() if c == "0"}
     bench = {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {}), **({"data": data} if data else {})}
     return {**metrics, "rounds": rounds, "bench": bench}
 

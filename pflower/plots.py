@@ -194,9 +194,10 @@ def draw_mechanisms(doc: dict[str, Any], directory: Path, prefix: str = "") -> l
         ratios = last.get("alpha-structure", {}).get("ratio")
         caption = " (clients ordered by class set)" if order else ""
         plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}{caption}", order, ratios)
-        history = np.stack([np.array(r["alpha"]["0"]) for r in with_alpha])
-        drawn.append(directory / f"{prefix}alpha-evolution.png")
-        plot_alpha_evolution([r["round"] for r in with_alpha], history, 0, drawn[-1], f"{name}: weights of client 0")
+        of_0 = [r for r in with_alpha if "0" in r["alpha"]]
+        if of_0:
+            drawn.append(directory / f"{prefix}alpha-evolution.png")
+            plot_alpha_evolution([r["round"] for r in of_0], np.stack([r["alpha"]["0"] for r in of_0]), 0, drawn[-1], f"{name}: weights of client 0")
     if any("lambda-curve" in r for r in rounds):
         drawn.append(directory / f"{prefix}lambda.png")
         plot_lambda_curves(rounds, drawn[-1], f"{name} ({cfg.get('superfed.mixing', '')} mixing): accuracy vs lambda")
