@@ -1,12 +1,14 @@
-"""What the CIFAR-10 suites' mechanisms did, read from their runs' records (``pflower-bench``'s
-``bench/records``, committed) and, for what needs the final models, their results-dirs
+"""What the papers' suites' mechanisms did, on CIFAR-10 and on MNIST, read from their runs'
+records (``pflower-bench``'s ``bench/records``, committed) and, for what needs the final models, their results-dirs
 (``bench/results``, not kept: those parts say so and are skipped where the runs are not here):
 the docs' evidence beside the accuracy tables.
 
-    .venv/bin/python bench/cifar10_mechanisms.py [--records bench/records] [--results bench/results]
+    .venv/bin/python bench/mechanisms.py [--records bench/records] [--results bench/results] [--data-root DIR]
 
-- pFedLA: learned against frozen weights, paired by seed; how the final weights follow the
-  clients' class overlap and label-distribution overlap, per layer; which layers HeurpFedLA retains and the bytes it saves.
+- pFedLA: learned against frozen weights, paired by seed (final round and the mean of the last
+  5); how the final weights follow the clients' class overlap and label-distribution overlap,
+  per layer, and the same-classes / disjoint-classes weight ratio per seed; which layers
+  HeurpFedLA retains and the bytes it saves.
 - FedeRiCo: the final weight each client puts on its own label group, and the largest weight
   each client would give if the E-step used the summed log-likelihood (w ∝ w_mean ** n).
 - Double head: bytes of gradual sharing against sharing every layer, the accuracy of each, the
@@ -18,8 +20,7 @@ the docs' evidence beside the accuracy tables.
   explains (pFedLA and FedBN against Local and FedAvg, FedeRiCo and FedFomo against Local,
   SuPerFed against every other method of its grid, FedRep against FedPer, FedProx and SCAFFOLD
   against FedAvg).
-- SuPerFed: every method's accuracy per evaluated round (every grid of cifar10-superfed and
-  cifar10-superfed-checks); the final accuracy
+- SuPerFed: every method's accuracy per evaluated round (every grid of the SuPerFed suites); the final accuracy
   along the line (federated model at λ = 0, local model at λ = 1, the best λ in between), at each
   client's held-out choice, the chosen λs and cos² between the federated and local weights; the
   same with the connectivity term off (ν = 0).
@@ -39,6 +40,7 @@ from pflower.build import build_model
 from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
 from pflower.datasets import client_data, federated_indices, global_test
+from pflower.fetch import data_root
 from pflower.models.layers import layers
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared
 from pflower.records import from_record
@@ -46,7 +48,7 @@ from pflower.records import from_record
 ROOT = Path(__file__).resolve().parents[1]
 
 
-RECORDS, RESULTS = ROOT / "bench" / "records", ROOT / "bench" / "results"
+RECORDS, RESULTS, DATA_ROOT = ROOT / "bench" / "records", ROOT / "bench" / "results", None
 
 
 def _runs(directory: Path) -> dict[int, dict]:
@@ -55,11 +57,12 @@ def _runs(directory: Path) -> dict[int, dict]:
 
 
 def _settings(doc: dict):
-    """A record's settings on this machine: its data where this checkout's shared data is (a
-    record names the folder of the machine that made it), no results-dir."""
+    """A record's settings on this machine: its data folder under this machine's data root
+    (``--data-root``, else $PFLOWER_DATA, else ~/pflower-data) where the record's own (the
+    folder of the machine that made it) is not here; no results-dir."""
     config = {k: v for k, v in doc["config"].items() if k != "results-dir"}
     if config.get("data-dir") and not Path(config["data-dir"]).is_dir():
-        config["data-dir"] = str(ROOT.parent / "shared" / "data" / Path(config["data-dir"]).name)
+        config["data-dir"] = str(data_root(DATA_ROOT) / Path(config["data-dir"]).name)
     return load_settings(config)
 
 
@@ -75,6 +78,11 @@ CUMULATIVE_MIB = (25, 50, 100, 200, 400)
 def _fmt(a) -> str:
     a = np.asarray(a, dtype=np.float64)
     return f"{a.mean():.4f} ± {a.std(ddof=1):.4f}" if len(a) > 1 else f"{a.mean():.4f}"
+
+
+def _sd(runs: dict[int, dict]) -> str:
+    """Sample standard deviation over seeds of the final accuracy."""
+    return f"{np.std([d['final']['accuracy'] for d in runs.values()], ddof=1):.4f}" if len(runs) > 1 else "-"
 
 
 def _paired(a: dict[int, dict], b: dict[int, dict], key: str = "accuracy") -> str:
@@ -106,6 +114,8 @@ def pfedla(records: Path) -> None:
         (records / "cifar10-pfedla", "noniid1"),
         (records / "cifar10-pfedla", "noniid2"),
         (records / "cifar10-pfedla-long", "noniid1-80-rounds"),
+        (records / "pfedla", "pfedla-groups2"),
+        (records / "pfedla", "pfedla-pathological"),
     ):
         learned = _runs(suite / grid / "pfedla")
         if not learned:
@@ -116,8 +126,17 @@ def pfedla(records: Path) -> None:
         if seeds:
             diff = [learned[s]["final"]["accuracy"] - frozen[s]["final"]["accuracy"] for s in seeds]
             print(f"learned - frozen accuracy per seed {seeds}: {', '.join(f'{d:+.4f}' for d in diff)} (mean {np.mean(diff):+.4f})")
+            last5 = [np.mean([r["accuracy"] for r in learned[s]["rounds"][-5:]]) - np.mean([r["accuracy"] for r in frozen[s]["rounds"][-5:]]) for s in seeds]
+            print(f"  over the last 5 rounds: {', '.join(f'{d:+.4f}' for d in last5)}; seed-to-seed sd: learned {_sd(learned)}, frozen {_sd(frozen)}")
         doc = next(iter(learned.values()))
-        names = [layer.name for layer in layers(build_model(_settings(doc), (3, 32, 32), 10, 0))]
+        settings = _settings(doc)
+        names = [layer.name for layer in layers(build_model(settings, settings.image_shape, 10, 0))]
+        for label in ("pfedla", "heurpfedla-k1", "pfedla-frozen"):
+            runs = _runs(suite / grid / label)
+            ratios = [d["rounds"][-1].get("alpha-structure", {}).get("ratio") for d in runs.values()]
+            if runs and all(r and None not in r for r in ratios):
+                print(f"same / disjoint classes weight ratio, {label}, per layer (seeds {' / '.join(map(str, runs))}): "
+                      + ", ".join(f"{n} " + " / ".join(f"{r[l]:.1f}" for r in ratios) for l, n in enumerate(names)))  # fmt: skip
         corr = np.array([d["rounds"][-1]["alpha-structure"]["overlap-correlation"] for d in learned.values()], dtype=np.float64)
         if not np.isnan(corr).all():  # undefined where every client has every class
             print("correlation of the final weights with class overlap, per layer (mean over seeds):")
@@ -147,7 +166,10 @@ def pfedla(records: Path) -> None:
         print(f"pfedla (k = 0): MiB down {_fmt(base)}, up {_fmt([d['final']['bytes-up'] / 2**20 for d in learned.values()])}")
         local, fedfomo = _runs(suite / grid / "local"), _runs(suite / grid / "fedfomo")
         fedavg, fedbn = _per_round(_runs(suite / grid / "fedavg")), _per_round(_runs(suite / grid / "fedbn"))
-        print(f"local: round 1 {_per_round(local)[1]:.3f}; pfedla - local per seed {_paired(learned, local)}")
+        print(f"local: round 1 {_per_round(local).get(1, float('nan')):.3f}; pfedla - local per seed {_paired(learned, local)}")
+        for other in ("fedfomo", "fedavg-ft", "heurpfedla-k1"):
+            if runs := _runs(suite / grid / other):
+                print(f"{other} - pfedla per seed {_paired(runs, learned)}")
         if fedfomo:
             print(f"fedfomo - local per seed {_paired(fedfomo, local)}")
         if gaps := [fedbn[k] - fedavg[k] for k in fedavg.keys() & fedbn.keys()]:
@@ -179,8 +201,7 @@ def fedbn(records: Path) -> None:
 
 
 def federico(records: Path) -> None:
-    suite = records / "cifar10-federico"
-    for grid in sorted(p.name for p in suite.glob("groups*") if p.is_dir()):
+    for suite, grid in [(s, p.name) for s in (records / "cifar10-federico", records / "federico-mnist") for p in sorted(s.glob("groups*")) if p.is_dir()]:
         runs = _runs(suite / grid / "federico")
         if not runs:
             continue
@@ -195,20 +216,25 @@ def federico(records: Path) -> None:
                 top_mean.append(v.max())
                 log = len(fi.train[int(i)]) * np.log(v)  # the sum over n samples: w ∝ w_mean ** n
                 top_sum.append(np.exp(log - log.max()).max() / np.exp(log - log.max()).sum())
-        print(f"\n## FedeRiCo, {grid}: weight on its own label group {_fmt(own_group)} (mean over clients and seeds); "
+        print(f"\n## FedeRiCo, {suite.name} {grid}: weight on its own label group {_fmt(own_group)} (mean over clients and seeds); "
               f"largest weight: {np.mean(top_mean):.3f} with the mean loss, {np.mean(top_sum):.3f} with the summed log-likelihood")  # fmt: skip
         local = _runs(suite / grid / "local")
         print(f"  per seed: federico - local {_paired(runs, local)}, fedfomo - local {_paired(_runs(suite / grid / 'fedfomo'), local)}")
-        for label in ("local", "fedfomo", "federico"):
+        for label in sorted(p.name for p in (suite / grid).iterdir() if p.is_dir()):
             print(f"  {label:9} per round: " + " ".join(f"{a:.3f}" for a in _per_round(_runs(suite / grid / label)).values()))
 
 
 def doublehead(records: Path) -> None:
-    grid = records / "cifar10-doublehead" / "groups5"
-    rows = {label: _runs(grid / label) for label in ("fedavg", "local", "doublehead", "doublehead-gradual4")}
+    for grid in (records / "cifar10-doublehead" / "groups5", records / "doublehead-mnist" / "groups5"):
+        if (grid / "doublehead").is_dir():
+            doublehead_grid(grid)
+
+
+def doublehead_grid(grid: Path) -> None:
+    rows = {label: _runs(grid / label) for label in ("fedavg", "local", "doublehead", *sorted(p.name for p in grid.glob("doublehead-gradual*")))}
     if not rows["doublehead"]:
         return
-    print("\n## Double head, 5 label groups")
+    print(f"\n## Double head, {grid.parent.name}, 5 label groups")
     full = np.mean([d["final"]["bytes-down"] + d["final"]["bytes-up"] for d in rows["doublehead"].values()])
     for label, runs in rows.items():
         if not runs:
@@ -238,7 +264,7 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
             continue
         settings = _settings(doc)
         n = doc["num-clients"]
-        model = build_model(settings, (3, 32, 32), 10, settings.seed).eval()
+        model = build_model(settings, settings.image_shape, 10, settings.seed).eval()
         shared = torch.load(run / "checkpoint.pt", weights_only=False)["strategy"]["global"]
         shared = shared if isinstance(shared, dict) else from_record(shared)
         union = global_test(settings, n)
@@ -277,8 +303,8 @@ def _cosine_squared(directory: Path, runs: dict[int, dict]) -> list[float]:
 
 
 def superfed(records: Path) -> None:
-    suites = ("cifar10-superfed", "cifar10-superfed-checks", "cifar10-superfed-long")
-    grids = [p for suite in suites for p in sorted((records / suite).glob("pathological*")) if p.is_dir()]
+    suites = ("cifar10-superfed", "cifar10-superfed-checks", "cifar10-superfed-long", "superfed-mnist", "superfed-mnist-noise")
+    grids = [p for suite in suites if (records / suite).is_dir() for p in sorted((records / suite).iterdir()) if p.is_dir()]
     for grid in grids:
         print(f"\n## SuPerFed, {grid.parent.name} grid {grid.name}: mean accuracy at each evaluated round")
         for method in sorted(p for p in grid.iterdir() if p.is_dir()):
@@ -314,12 +340,15 @@ def superfed(records: Path) -> None:
 
 
 def main() -> None:
-    global RECORDS, RESULTS
+    global RECORDS, RESULTS, DATA_ROOT
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=Path, default=RECORDS, help="the runs' records (default: bench/records)")
     p.add_argument("--results", type=Path, default=RESULTS, help="the runs' results-dirs, for what needs their final models (default: bench/results)")
+    p.add_argument(
+        "--data-root", type=Path, help="the folder of the suites' data folders, for what reads the data (default: $PFLOWER_DATA, else ~/pflower-data)"
+    )
     args = p.parse_args()
-    RECORDS, RESULTS = args.records.resolve(), args.results.resolve()
+    RECORDS, RESULTS, DATA_ROOT = args.records.resolve(), args.results.resolve(), args.data_root
     pfedla(RECORDS)
     fedbn(RECORDS)
     federico(RECORDS)
