@@ -116,6 +116,7 @@ def pfedla(records: Path) -> None:
         (records / "cifar10-pfedla-long", "noniid1-80-rounds"),
         (records / "pfedla", "pfedla-groups2"),
         (records / "pfedla", "pfedla-pathological"),
+        (records / "pfedla-ablation", "groups2"),
     ):
         learned = _runs(suite / grid / "pfedla")
         if not learned:
@@ -131,7 +132,7 @@ def pfedla(records: Path) -> None:
         doc = next(iter(learned.values()))
         settings = _settings(doc)
         names = [layer.name for layer in layers(build_model(settings, settings.image_shape, 10, 0))]
-        for label in ("pfedla", "heurpfedla-k1", "pfedla-frozen"):
+        for label in sorted(p.name for p in (suite / grid).iterdir() if p.is_dir()):
             runs = _runs(suite / grid / label)
             ratios = [d["rounds"][-1].get("alpha-structure", {}).get("ratio") for d in runs.values()]
             if runs and all(r and None not in r for r in ratios):

@@ -155,6 +155,49 @@ def test_alpha_structure_on_hand_made_weights():
     assert group_order([[2, 3], [0, 1], [2, 3], [0, 1]]) == [1, 3, 0, 2]
 
 
+def test_the_paper_s_head_start_damps_every_step_on_the_weights_by_about_1_over_n_squared():
+    """``head-start='sum-n'`` (raw outputs 1 each, as the paper leaves them) starts at the same
+    near-uniform weights as ``sum-1`` (1/N each), but the same loss moves them about N² less."""
+    n = 10
+    theta, ids = torch.randn(n, 10, generator=torch.Generator().manual_seed(0)), torch.arange(n)
+    moved = {}
+    for start in ("sum-1", "sum-n"):
+        hn = HyperNetworks.create(n, 2, 8, 8, 100, seed=0, head_start=start)
+        before = hn.alpha(ids).detach()
+        assert torch.allclose(before, torch.full_like(before, 1 / n), rtol=0.02)
+        raw = hn.params["hb"][0, 0, 0].item()
+        assert raw == pytest.approx(1 / n if start == "sum-1" else 1.0)
+        trained = mix(before, theta, SEGMENTS) + 0.3 * theta[[1, 2, 3, 4, 5, 6, 7, 8, 9, 0]]
+        hypernetwork_update(hn, ids, theta, trained, SEGMENTS, lr=0.05)
+        moved[start] = (hn.alpha(ids).detach() - before).abs().max().item()
+    assert n**2 / 3 < moved["sum-1"] / moved["sum-n"] < 3 * n**2
+
+
+@pytest.mark.parametrize(("layer_loss", "spread_of_each_layer"), [("spread", "the clients' spread"), ("raw", "1")])
+def test_the_layer_loss_switch_divides_each_layer_s_loss_by_the_clients_spread_or_by_nothing(
+    grid_factory, tmp_path, monkeypatch, layer_loss, spread_of_each_layer
+):
+    import pflower.strategies.pfedla as module
+
+    seen = []
+    real = module.hypernetwork_update
+    monkeypatch.setattr(module, "hypernetwork_update", lambda *a, spread, **kw: seen.append(spread) or real(*a, spread=spread, **kw))
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="pfedla", pfedla__layer_loss=layer_loss, pfedla__head_start="sum-n")
+    assert strategy.hn.params["hb"][0, 0, 0].item() == pytest.approx(1.0)
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    snapshot = strategy.theta.clone()
+    strategy.aggregate_train(1, grid.send_and_receive(msgs))
+    want = layer_spread(snapshot, strategy.segments) if layer_loss == "spread" else torch.ones(len(strategy.segments), dtype=torch.float64)
+    assert len(seen) == 1 and torch.equal(seen[0], want) and (layer_loss == "raw") == bool((want == 1).all())
+
+
+def test_an_unknown_head_start_or_layer_loss_is_a_config_error_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="pfedla.head-start"):
+        load_settings(run_config(method="pfedla", pfedla__head_start="sum-2", results_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="pfedla.layer-loss"):
+        load_settings(run_config(method="pfedla", pfedla__layer_loss="none", results_dir=str(tmp_path)))
+
+
 def _strategy_and_grid(grid_factory, tmp_path, **kw):
     cfg = run_config(num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path), **kw)
     strategy = build_strategy(load_settings(cfg))

@@ -46,7 +46,8 @@ class HyperNetworks:
     keys: torch.Tensor  # [N, k], fixed
 
     @classmethod
-    def create(cls, num_clients: int, num_layers: int, emb_dim: int, hidden: int, key_dim: int, seed: int) -> HyperNetworks:
+    def create(cls, num_clients: int, num_layers: int, emb_dim: int, hidden: int, key_dim: int, seed: int, head_start: str = "sum-1") -> HyperNetworks:
+        """``head_start``: the heads' raw outputs start at 1/N each (``sum-1``) or 1 each (``sum-n``, the ablation)."""
         g = torch.Generator().manual_seed(seed)
         n, k = num_clients, min(num_clients, key_dim)
 
@@ -56,6 +57,7 @@ class HyperNetworks:
             return torch.rand(*shape, generator=g).mul_(2).sub_(1).mul_(bound)
 
         keys = torch.eye(n) if n <= key_dim else torch.randn(n, k, generator=g) / k**0.5
+        start = {"sum-1": 1.0 / n, "sum-n": 1.0}[head_start]
         params = {
             "emb": torch.randn(n, emb_dim, generator=g),
             "w1": uniform(n, emb_dim, hidden, fan_in=emb_dim),
@@ -64,9 +66,9 @@ class HyperNetworks:
             "b2": torch.zeros(n, hidden),
             "w3": uniform(n, hidden, hidden, fan_in=hidden),
             "b3": torch.zeros(n, hidden),
-            # Raw outputs 1/N each (the bias) with a small slope: alpha starts near uniform.
-            "hw": uniform(n, num_layers, hidden, k, fan_in=hidden).mul_(HEAD_INIT_SPREAD / n),
-            "hb": (torch.linalg.pinv(keys) @ torch.full((n,), 1.0 / n)).expand(n, num_layers, k).clone(),
+            # Raw outputs `start` each (the bias) with a small slope: alpha starts near uniform.
+            "hw": uniform(n, num_layers, hidden, k, fan_in=hidden).mul_(HEAD_INIT_SPREAD * start),
+            "hb": (torch.linalg.pinv(keys) @ torch.full((n,), start)).expand(n, num_layers, k).clone(),
         }
         return cls(params, keys)
 

@@ -43,17 +43,19 @@ ALPHA_RECORD_LIMIT = 100
 class PFedLA(PersonalModels):
     """pFedLA, HeurpFedLA with ``top_k`` > 0; see the module docstring.
 
-    Keyword arguments: ``hn_lr``, ``embedding_dim``, ``hidden_dim``, ``key_dim`` (the
-    hypernetworks), ``top_k``, and :class:`~pflower.strategies.personal.PersonalModels`'
+    Keyword arguments: ``hn_lr``, ``head_start``, ``layer_loss``, ``embedding_dim``,
+    ``hidden_dim``, ``key_dim`` (the hypernetworks), ``top_k``, and :class:`~pflower.strategies.personal.PersonalModels`'
     (``layers``). A client that keeps no state gets its retained layers (its own copy) in its
     messages.
     """
 
     def __init__(
-        self, *, hn_lr: float = 0.05, embedding_dim: int = 100, hidden_dim: int = 100, key_dim: int = 100, top_k: int = 0, **kwargs,
+        self, *, hn_lr: float = 0.05, head_start: str = "sum-1", layer_loss: str = "spread", embedding_dim: int = 100, hidden_dim: int = 100,
+        key_dim: int = 100, top_k: int = 0, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.hn_lr, self.embedding_dim, self.hidden_dim, self.key_dim, self.top_k = hn_lr, embedding_dim, hidden_dim, key_dim, top_k
+        self.head_start, self.layer_loss = head_start, layer_loss
         self.hn: HyperNetworks | None = None
         self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
         self.unsynced: set[int] = set()  # trained, reply not accepted: own layers the server has not seen
@@ -61,8 +63,8 @@ class PFedLA(PersonalModels):
     @classmethod
     def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> PFedLA:
         p = settings.params
-        strategy = cls(**cls.common_kwargs(settings), hn_lr=p.hn_lr, embedding_dim=p.embedding_dim, hidden_dim=p.hidden_dim,
-                       key_dim=p.key_dim, top_k=getattr(p, "top_k", 0), layers=layers(model))  # fmt: skip
+        strategy = cls(**cls.common_kwargs(settings), hn_lr=p.hn_lr, head_start=p.head_start, layer_loss=p.layer_loss, embedding_dim=p.embedding_dim,
+                       hidden_dim=p.hidden_dim, key_dim=p.key_dim, top_k=getattr(p, "top_k", 0), layers=layers(model))  # fmt: skip
         strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
         if strategy.top_k > len(strategy.layers):
             raise ConfigError([(f"{settings.method}.top-k", strategy.top_k, f"must be <= {len(strategy.layers)} (layers of the model)")])
@@ -73,7 +75,7 @@ class PFedLA(PersonalModels):
         super().prepare(initial_arrays)
         if self.top_k > len(self.layers):
             raise ValueError(f"top_k={self.top_k} must be <= {len(self.layers)} (layers of the model)")
-        self.hn = HyperNetworks.create(self.num_clients, len(self.layers), self.embedding_dim, self.hidden_dim, self.key_dim, self.seed)
+        self.hn = HyperNetworks.create(self.num_clients, len(self.layers), self.embedding_dim, self.hidden_dim, self.key_dim, self.seed, self.head_start)
 
     def retained_layers(self, alpha: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """[S, L] bool: the ``top-k`` layers of highest self-weight alpha[s, l, ids[s]] (alpha [S, L, N])."""
@@ -129,7 +131,7 @@ class PFedLA(PersonalModels):
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Hypernetwork steps against the round's snapshot, then the new client models."""
         if self.hn_lr > 0:
-            spread = layer_spread(self.theta, self.segments)
+            spread = layer_spread(self.theta, self.segments) if self.layer_loss == "spread" else torch.ones(len(self.segments), dtype=torch.float64)
             for part in chunks(replies):
                 ids = [r.client_id for r in part]
                 trained = self.spec.stack(r.arrays for r in part)
