@@ -175,7 +175,7 @@ def pfedla(records: Path) -> None:
             print(f"fedfomo - local per seed {_paired(fedfomo, local)}")
         if gaps := [fedbn[k] - fedavg[k] for k in fedavg.keys() & fedbn.keys()]:
             print(f"fedbn - fedavg per round {min(gaps):+.3f} to {max(gaps):+.3f}")
-        per_round = {label: _per_round(runs) for label, runs in (("pfedla", learned), ("local", local))}
+        per_round = {label: _per_round(runs) for label, runs in (("pfedla", learned), ("local", local)) if runs}
         marks = [k for k in per_round["pfedla"] if k % 10 == 0]
         for label, acc in per_round.items():
             print(f"  {label:7} mean accuracy at rounds {marks[0]}..{marks[-1]} every 10: " + " ".join(f"{acc[k]:.3f}" for k in marks))

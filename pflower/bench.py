@@ -99,7 +99,10 @@ def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, l
             grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]
         clients = grid.get("clients", 10)
         labels = [m if isinstance(m, str) else m.get("label", m["method"]) for m in grid["methods"]]
-        if unknown := [m for m in grid.get("mechanism", []) if m not in labels]:
+        mechanism = grid.get("mechanism", [])
+        if not isinstance(mechanism, list):
+            raise SystemExit(f"suite '{name}', grid '{grid['name']}': mechanism must be a list of its labels, e.g. [\"{labels[0]}\"]")
+        if unknown := [m for m in mechanism if m not in labels]:
             raise SystemExit(f"suite '{name}', grid '{grid['name']}': mechanism {unknown} is not among its labels ({', '.join(labels)})")
         for entry in grid["methods"]:
             entry = {"method": entry} if isinstance(entry, str) else dict(entry)
@@ -248,7 +251,10 @@ def make_record(
     for key in LAST_ROUND_ONLY:
         having = [r for r in rounds if key in r]
         for r in having[:-1]:
-            r[key] = {c: v for c, v in r[key].items() if c == "0"}
+            if "0" in r[key]:
+                r[key] = {"0": r[key]["0"]}
+            else:
+                del r[key]
     bench = {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {}), **({"data": data} if data else {})}
     return {**metrics, "rounds": rounds, "bench": bench}
 

@@ -195,7 +195,7 @@ def draw_mechanisms(doc: dict[str, Any], directory: Path, prefix: str = "") -> l
         caption = " (clients ordered by class set)" if order else ""
         plot_alpha_heatmaps(alpha_array(last["alpha"]), drawn[-1], f"{name}: aggregation weights, round {last['round']}{caption}", order, ratios)
         of_0 = [r for r in with_alpha if "0" in r["alpha"]]
-        if of_0:
+        if len(of_0) > 1:  # a record made before records kept client 0's weights has the last round's only
             drawn.append(directory / f"{prefix}alpha-evolution.png")
             plot_alpha_evolution([r["round"] for r in of_0], np.stack([r["alpha"]["0"] for r in of_0]), 0, drawn[-1], f"{name}: weights of client 0")
     if any("lambda-curve" in r for r in rounds):

@@ -25,6 +25,7 @@ from pflower.bench import (
 )
 from pflower.check import app_run_config
 from pflower.config import load_settings
+from pflower.plots import draw_mechanisms
 from pflower.results import write_json
 
 PROJECT_SUITES = ROOT / "bench" / "suites.toml"
@@ -467,6 +468,8 @@ def test_a_record_keeps_the_large_per_round_entries_whole_for_the_last_round_and
     ]
     assert record["bench"] == {"wall-seconds": 12.5, "clients": 4}
     assert metrics["rounds"][0]["alpha"] == {"0": [[1]], "1": [[-1]]}  # the run's own metrics are left as they were
+    without_0 = make_record({**metrics, "rounds": [{"round": k, "alpha": {"1": [[k]]}} for k in (1, 2)]}, 1.0, 2)
+    assert [r.get("alpha") for r in without_0["rounds"]] == [None, {"1": [[2]]}]
 
 
 def test_a_grid_s_mechanism_labels_get_their_first_recorded_seed_s_figures_on_the_page(tmp_path):
@@ -487,6 +490,11 @@ def test_a_grid_s_mechanism_labels_get_their_first_recorded_seed_s_figures_on_th
     assert " ".join(f"![{f}](figures/tiny/{f}.png)" for f in drawn) in page.read_text()
     assert all((tmp_path / "figures" / "tiny" / f"{f}.png").stat().st_size > 1000 for f in drawn)
     assert "g-local-alpha" not in page.read_text()
+    old = make_record({**metrics, "rounds": metrics["rounds"][-1:]}, 10.0, 3)  # weights of one round: no figure over rounds
+    assert [p.name for p in draw_mechanisms(old, tmp_path, "old-")] == ["old-alpha-heatmap.png"]
+    (tmp_path / "suites.toml").write_text(SUITE.replace("paper = {", 'mechanism = "local"\npaper = {'))
+    with pytest.raises(SystemExit, match=r"grid 'g': mechanism must be a list of its labels, e.g. \[\"local\"\]"):
+        load_suite(tmp_path / "suites.toml", "tiny")
     (tmp_path / "suites.toml").write_text(SUITE.replace("paper = {", 'mechanism = ["fedavg"]\npaper = {'))
     with pytest.raises(SystemExit, match=r"suite 'tiny', grid 'g': mechanism \['fedavg'\] is not among its labels \(local, fedavg-slow\)"):
         load_suite(tmp_path / "suites.toml", "tiny")

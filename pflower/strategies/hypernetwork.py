@@ -66,7 +66,8 @@ class HyperNetworks:
             "b2": torch.zeros(n, hidden),
             "w3": uniform(n, hidden, hidden, fan_in=hidden),
             "b3": torch.zeros(n, hidden),
-            # Raw outputs `start` each (the bias) with a small slope: alpha starts near uniform.
+            # Raw outputs `start` each (the bias; exactly so while N <= key-dim, roughly through a
+            # random projection) with a small slope: alpha starts near uniform.
             "hw": uniform(n, num_layers, hidden, k, fan_in=hidden).mul_(HEAD_INIT_SPREAD * start),
             "hb": (torch.linalg.pinv(keys) @ torch.full((n,), start)).expand(n, num_layers, k).clone(),
         }

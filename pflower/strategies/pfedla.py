@@ -55,6 +55,8 @@ class PFedLA(PersonalModels):
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.hn_lr, self.embedding_dim, self.hidden_dim, self.key_dim, self.top_k = hn_lr, embedding_dim, hidden_dim, key_dim, top_k
+        if head_start not in ("sum-1", "sum-n") or layer_loss not in ("spread", "raw"):
+            raise ValueError(f"head_start={head_start!r} must be 'sum-1' or 'sum-n', layer_loss={layer_loss!r} 'spread' or 'raw'")
         self.head_start, self.layer_loss = head_start, layer_loss
         self.hn: HyperNetworks | None = None
         self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
