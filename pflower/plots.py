@@ -86,7 +86,7 @@ def plot_alpha_evolution(rounds: list[int], alpha: np.ndarray, client: int, path
         ax.set(title=f"layer {l + 1}", xlabel="round", ylabel=f"weight of client {client}" if l == 0 else None)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1, 1))
-    fig.suptitle(title)
+    fig.suptitle(title, y=1.04)  # above the panels' titles (the saved box grows to hold it)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
