@@ -127,7 +127,7 @@ def pfedla(records: Path) -> None:
         if seeds:
             diff = [learned[s]["final"]["accuracy"] - frozen[s]["final"]["accuracy"] for s in seeds]
             print(f"learned - frozen accuracy per seed {seeds}: {', '.join(f'{d:+.4f}' for d in diff)} (mean {np.mean(diff):+.4f})")
-            last5 = [np.mean([r["accuracy"] for r in learned[s]["rounds"][-5:]]) - np.mean([r["accuracy"] for r in frozen[s]["rounds"][-5:]]) for s in seeds]
+            last5 = [np.mean(list(_per_round({s: learned[s]}).values())[-5:]) - np.mean(list(_per_round({s: frozen[s]}).values())[-5:]) for s in seeds]
             print(f"  over the last 5 rounds: {', '.join(f'{d:+.4f}' for d in last5)}; seed-to-seed sd: learned {_sd(learned)}, frozen {_sd(frozen)}")
         doc = next(iter(learned.values()))
         settings = _settings(doc)
