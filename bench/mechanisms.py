@@ -280,6 +280,9 @@ def heads(directory: Path, runs: dict[int, dict]) -> None:
                 alone["global head, local test"].append(float((g.argmax(1) == test.y).float().mean()))
                 alone["local head, local test"].append(float((loc.argmax(1) == test.y).float().mean()))
                 alone["global head, global test"].append(float((model.heads(union.x)[0].argmax(1) == union.y).float().mean()))
+    if not decided:
+        print(f"  {directory.relative_to(RECORDS)}: its final models are not here (results-dir); which head decides is skipped")
+        return
     print(
         f"  the local head decides {np.mean(decided):.1%} of the local-test predictions; alone: " + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in alone.items())
     )
@@ -330,6 +333,12 @@ def superfed(records: Path) -> None:
                   f"best λ in (0, 1) {_fmt(inner)}; at each client's held-out λ {_fmt([d['final']['accuracy'] for d in runs.values()])}, "
                   f"at its test-chosen λ {_fmt([d['final']['oracle-accuracy'] for d in runs.values()])}")  # fmt: skip
             print("    mean accuracy along the line (λ = 0, 0.1, ..., 1): " + " ".join(f"{a:.3f}" for a in curves.mean(axis=0)))
+            above_worse = (curves[:, 1:-1] >= np.minimum(curves[:, :1], curves[:, -1:])).all(axis=1)
+            above_both = (curves[:, 1:-1] > np.maximum(curves[:, :1], curves[:, -1:])).sum(axis=1)
+            print(
+                f"    runs where every interior λ is at least the worse end: {int(above_worse.sum())} of {len(curves)}; "
+                f"interior λs above both ends, per run: {' / '.join(str(int(n)) for n in above_both)} of {curves.shape[1] - 2}"
+            )
             if cos := _cosine_squared(grid / label, runs):
                 print(f"    cos²(final global w_f, each client's w_l): mean {np.mean(cos):.2e}, largest {np.max(cos):.2e}")
             for other in sorted(p.name for p in grid.iterdir() if p.is_dir() and p.name != label):
