@@ -25,6 +25,7 @@ import re
 import shlex
 import time
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -511,6 +512,17 @@ def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str
     return f"Our ordering ({' > '.join(ranked)}) differs from the paper's ({' > '.join(common)})."
 
 
+def machines_sentence(rows: list[dict[str, Any]]) -> str:
+    """Which machines made a table's records, with how many runs each: another kind of CPU or GPU
+    rounds differently, so a rerun elsewhere moves the numbers a little."""
+    made = Counter()
+    for r in rows:
+        for doc in r["docs"]:
+            m = doc["bench"].get("machine")
+            made[f"{m['cpus']} × {m['cpu']}" + "".join(f", {g}" for g in m.get("gpus", [])) if m else "a machine not recorded"] += 1
+    return "Runs made on: " + "; ".join(f"{name} ({n} run{'s' if n > 1 else ''})" for name, n in sorted(made.items(), key=lambda kv: (-kv[1], kv[0]))) + "."
+
+
 def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) -> str:
     has_global = all("global-accuracy" in r for r in rows)
     has_oracle = any("oracle-accuracy" in r for r in rows)
@@ -523,6 +535,7 @@ def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) ->
         cells += [_mean_std(r["oracle-accuracy"]) if "oracle-accuracy" in r else "—"] if has_oracle else []
         cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", seeds_cell(r["seeds"], r["declared"])]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", machines_sentence(rows)]
     paper = grid.get("paper", {})
     if paper.get("text"):
         lines += ["", f"Paper: {paper['text']}"]

@@ -17,6 +17,7 @@ from pflower.bench import (
     finished,
     load_record,
     load_suite,
+    machines_sentence,
     main,
     make_record,
     ordering_sentence,
@@ -114,6 +115,16 @@ def test_ordering_sentence():
     assert ordering_sentence(rows, ["c", "a", "b"]) == "Our ordering (c > a > b) agrees with the paper's."
     assert ordering_sentence(rows, ["a", "c"]) == "Our ordering (c > a) differs from the paper's (a > c)."
     assert ordering_sentence(rows, ["a"]) == ""
+
+
+def test_a_table_says_which_machines_made_its_records_and_how_many_runs_each():
+    def doc(machine):
+        return {"bench": {"wall-seconds": 1.0, **({"machine": machine} if machine else {})}}
+
+    xeon = {"cpu": "Xeon", "cpus": 2, "gpus": []}
+    h200 = {"cpu": "EPYC", "cpus": 16, "gpus": ["NVIDIA H200"]}
+    rows = [{"method": "a", "docs": [doc(xeon), doc(h200), doc(None)]}, {"method": "b", "docs": [doc(xeon), doc(xeon)]}]
+    assert machines_sentence(rows) == "Runs made on: 2 × Xeon (3 runs); 16 × EPYC, NVIDIA H200 (1 run); a machine not recorded (1 run)."
 
 
 def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
