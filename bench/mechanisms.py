@@ -245,7 +245,7 @@ def doublehead_grid(grid: Path) -> None:
               f"{mib / 2**20:.1f} MiB ({mib / full:.0%} of the double head's)")  # fmt: skip
         if label.startswith("doublehead"):
             heads(grid / label, runs)
-    print("mean local accuracy once the cumulative bytes (down + up) reach:")
+    print("mean local accuracy of the last round by which a run has sent at most (down + up):")
     for label, runs in rows.items():
         reached = []
         for d in runs.values():

@@ -513,13 +513,18 @@ def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str
 
 
 def machines_sentence(rows: list[dict[str, Any]]) -> str:
-    """Which machines made a table's records, with how many runs each: another kind of CPU or GPU
-    rounds differently, so a rerun elsewhere moves the numbers a little."""
+    """Which machines made a table's records (CPU, the cores the run could use, GPUs, torch), with
+    how many runs each: another kind of CPU or GPU rounds differently, so a rerun elsewhere moves
+    the numbers a little."""
     made = Counter()
     for r in rows:
         for doc in r["docs"]:
             m = doc["bench"].get("machine")
-            made[f"{m['cpus']} × {m['cpu']}" + "".join(f", {g}" for g in m.get("gpus", [])) if m else "a machine not recorded"] += 1
+            made[
+                ", ".join([m["cpu"], f"{m['cpus']} cores", *m.get("gpus", []), *([f"torch {m['torch']}"] if "torch" in m else [])])
+                if m
+                else "a machine not recorded"
+            ] += 1
     return "Runs made on: " + "; ".join(f"{name} ({n} run{'s' if n > 1 else ''})" for name, n in sorted(made.items(), key=lambda kv: (-kv[1], kv[0]))) + "."
 
 

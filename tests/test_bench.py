@@ -121,10 +121,13 @@ def test_a_table_says_which_machines_made_its_records_and_how_many_runs_each():
     def doc(machine):
         return {"bench": {"wall-seconds": 1.0, **({"machine": machine} if machine else {})}}
 
-    xeon = {"cpu": "Xeon", "cpus": 2, "gpus": []}
-    h200 = {"cpu": "EPYC", "cpus": 16, "gpus": ["NVIDIA H200"]}
-    rows = [{"method": "a", "docs": [doc(xeon), doc(h200), doc(None)]}, {"method": "b", "docs": [doc(xeon), doc(xeon)]}]
-    assert machines_sentence(rows) == "Runs made on: 2 × Xeon (3 runs); 16 × EPYC, NVIDIA H200 (1 run); a machine not recorded (1 run)."
+    xeon = {"cpu": "Xeon", "cpus": 2, "gpus": [], "torch": "2.14.1"}
+    h200 = {"cpu": "EPYC", "cpus": 16, "gpus": ["NVIDIA H200"], "torch": "2.14.1"}
+    rows = [{"method": "a", "docs": [doc(xeon), doc(h200), doc(None)]}, {"method": "b", "docs": [doc(xeon), doc({**xeon, "torch": "2.15.0"})]}]
+    assert machines_sentence(rows) == (
+        "Runs made on: Xeon, 2 cores, torch 2.14.1 (2 runs); EPYC, 16 cores, NVIDIA H200, torch 2.14.1 (1 run); "
+        "Xeon, 2 cores, torch 2.15.0 (1 run); a machine not recorded (1 run)."
+    )
 
 
 def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
