@@ -512,19 +512,17 @@ def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str
     return f"Our ordering ({' > '.join(ranked)}) differs from the paper's ({' > '.join(common)})."
 
 
+def machine_name(m: dict[str, Any] | None) -> str:
+    """A record's machine in words: CPU, the cores the run could use, GPUs, torch."""
+    if not m:
+        return "a machine not recorded"
+    return ", ".join([m["cpu"], f"{m['cpus']} cores", *m.get("gpus", []), *([f"torch {m['torch']}"] if "torch" in m else [])])
+
+
 def machines_sentence(rows: list[dict[str, Any]]) -> str:
-    """Which machines made a table's records (CPU, the cores the run could use, GPUs, torch), with
-    how many runs each: another kind of CPU or GPU rounds differently, so a rerun elsewhere moves
-    the numbers a little."""
-    made = Counter()
-    for r in rows:
-        for doc in r["docs"]:
-            m = doc["bench"].get("machine")
-            made[
-                ", ".join([m["cpu"], f"{m['cpus']} cores", *m.get("gpus", []), *([f"torch {m['torch']}"] if "torch" in m else [])])
-                if m
-                else "a machine not recorded"
-            ] += 1
+    """Which machines made a table's records, with how many runs each: another kind of CPU or GPU
+    rounds differently, so a rerun elsewhere moves the numbers a little."""
+    made = Counter(machine_name(doc["bench"].get("machine")) for r in rows for doc in r["docs"])
     return "Runs made on: " + "; ".join(f"{name} ({n} run{'s' if n > 1 else ''})" for name, n in sorted(made.items(), key=lambda kv: (-kv[1], kv[0]))) + "."
 
 
