@@ -5,7 +5,8 @@ no record yet. Each finished run leaves a compact record, ``bench/records/SUITE/
 (its config, per-round accuracy and bytes, final metrics, the mechanism figures of its last
 round; no checkpoint or model), committed with the tables it produced; a run's full results-dir
 (``bench/results``, not kept) holds its checkpoint and logs. An interrupted suite resumes at the
-first run without a record. The report is built from the records alone: per grid a Markdown and
+first run without a record, which goes on from its checkpoint when it has one (:func:`cut_short_at`).
+The report is built from the records alone: per grid a Markdown and
 a CSV table (mean +- std over seeds of the final mean and weighted accuracy, total bytes, wall
 time) and the accuracy-per-round and accuracy-vs-bytes figures, written into the docs page that
 holds the suite's block (between ``<!-- bench:SUITE:start -->`` and ``...:end -->``; a grid
@@ -41,7 +42,7 @@ from pflower.launcher import core_count, gpu_share, resources_problem, simulatio
 from pflower.methods import declarations
 from pflower.plots import draw_mechanisms, plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
-from pflower.run_folder import clear_run
+from pflower.run_folder import CHECKPOINT, METRICS, clear_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records"
@@ -243,11 +244,17 @@ def check_same_data(runs: list[Run], records: Path, suite: str, now: dict[tuple,
 
 
 def make_record(
-    metrics: dict[str, Any], wall_seconds: float, clients: int, machine_info: dict[str, Any] | None = None, data: str | None = None
+    metrics: dict[str, Any],
+    wall_seconds: float,
+    clients: int,
+    machine_info: dict[str, Any] | None = None,
+    data: str | None = None,
+    resumed: int = 0,
 ) -> dict[str, Any]:
     """A run's compact record from its metrics.json: everything but the per-round entries of
     :data:`LAST_ROUND_ONLY` before the last round that has them, which keep client 0's part, plus
-    the bench's wall time, the machine that ran it and the digest of its data (:func:`data_fingerprint`)."""
+    the bench's wall time, the machine that ran it, the digest of its data (:func:`data_fingerprint`)
+    and, for a run cut short, how many times it was resumed (its wall time counts every part)."""
     rounds = [dict(r) for r in metrics["rounds"]]
     for key in LAST_ROUND_ONLY:
         having = [r for r in rounds if key in r]
@@ -256,14 +263,23 @@ def make_record(
                 r[key] = {"0": r[key]["0"]}
             else:
                 del r[key]
-    bench = {"wall-seconds": wall_seconds, "clients": clients, **({"machine": machine_info} if machine_info else {}), **({"data": data} if data else {})}
+    bench = {
+        "wall-seconds": wall_seconds,
+        "clients": clients,
+        **({"machine": machine_info} if machine_info else {}),
+        **({"data": data} if data else {}),
+        **({"resumed": resumed} if resumed else {}),
+    }
     return {**metrics, "rounds": rounds, "bench": bench}
 
 
 #: Run-config keys that name places on one machine: a record made elsewhere still matches its run.
-PLACES = ("data-dir", "results-dir")
+PLACES = ("data-dir", "results-dir", "resume-from")
+#: The bench's file in a run's results-dir while the run goes: its wall time so far and how often
+#: it was resumed, so that a run cut short and resumed is timed whole.
+PROGRESS = "bench-progress.json"
 #: What the bench writes into a run's results-dir beside the run's own outputs.
-BENCH_FILES = ("bench.json", "run.log")
+BENCH_FILES = ("bench.json", "run.log", PROGRESS)
 
 
 def client_errors(doc: dict[str, Any]) -> int:
@@ -313,12 +329,19 @@ def mismatch(run: Run, doc: dict[str, Any]) -> str | None:
             return f"{clients} clients, the suite's {run.clients}"
         if errors := client_errors(doc):
             return f"{errors} clients crashed"
-        config, defaults = doc.get("config", {}), default_config(run.config.get("method", "pfedla"))
-        for key, value in resolved_config(run.config).items():
-            if key not in PLACES and (had := config.get(key, defaults.get(key))) != value:
-                return f"{key} = {had!r}, the suite's run has {value!r}"
+        return config_mismatch(run, doc.get("config", {}))
     except (AttributeError, TypeError, KeyError, IndexError) as err:
         return f"not a record ({type(err).__name__}: {err})"
+
+
+def config_mismatch(run: Run, config: dict[str, Any]) -> str | None:
+    """The first key of the run's whole config (:func:`resolved_config`; places aside) that
+    ``config``, a record's or a metrics.json's, has otherwise, or None. A key ``config`` lacks
+    came into pflower after it was made, at the default that keeps the old behaviour."""
+    defaults = default_config(run.config.get("method", "pfedla"))
+    for key, value in resolved_config(run.config).items():
+        if key not in PLACES and (had := config.get(key, defaults.get(key))) != value:
+            return f"{key} = {had!r}, the suite's run has {value!r}"
     return None
 
 
@@ -352,8 +375,35 @@ def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
     metrics, bench = _read(d / "metrics.json"), _read(d / "bench.json")
     if metrics is None or bench is None or not matches(run, metrics) or bench.get("lineage") != metrics.get("lineage"):
         return False
-    write_json(run.record(records, suite), make_record(metrics, bench["wall-seconds"], bench["clients"], bench.get("machine"), bench.get("data")))
+    record = make_record(metrics, bench["wall-seconds"], bench["clients"], bench.get("machine"), bench.get("data"), bench.get("resumed", 0))
+    write_json(run.record(records, suite), record)
     return True
+
+
+def cut_short_at(run: Run, folder: Path) -> int | None:
+    """The last round of the run cut short in ``folder``, when it can go on from its checkpoint
+    (``resume-from``, which continues it exactly): a checkpoint, and a metrics.json of the run as
+    the suite declares it, with rounds left and no client crashed; None when it starts again."""
+    metrics = _read(folder / METRICS)
+    if metrics is None or not (folder / CHECKPOINT).is_file() or (folder / "bench.json").exists():
+        return None
+    try:
+        if config_mismatch(run, metrics["config"]) or client_errors(metrics) or (run.clients and metrics["num-clients"] != run.clients):
+            return None
+        last = int(metrics["rounds"][-1]["round"])
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError):
+        return None
+    return last if 0 < last < run.rounds else None
+
+
+def earlier_wall(folder: Path) -> tuple[float, int]:
+    """The wall time the bench spent on a run cut short in ``folder`` and how often it was resumed
+    before; from the rounds' own times where the bench left no :data:`PROGRESS`."""
+    progress = _read(folder / PROGRESS)
+    if progress is not None and isinstance(progress.get("wall-seconds"), (int, float)) and isinstance(progress.get("resumed"), int):
+        return float(progress["wall-seconds"]), progress["resumed"]
+    rounds = (_read(folder / METRICS) or {}).get("rounds", [])
+    return float(sum(r.get("wall-seconds") or 0 for r in rounds if isinstance(r, dict))), 0
 
 
 def duration(seconds: float) -> str:
@@ -435,16 +485,22 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
         for k, run in enumerate(todo, 1):
             d = run.directory(results, suite)
             d.mkdir(parents=True, exist_ok=True)
-            clear_run(d)  # the bench's own folder of this run, cut short before: it starts again
-            for name in BENCH_FILES:  # and what the bench wrote of an earlier run into it
-                (d / name).unlink(missing_ok=True)
-            config = run_config_string({**run.config, "results-dir": str(d)})
-            print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}; {eta.left(todo[k - 1 :])}", flush=True)
-            t0 = time.perf_counter()
+            if (after := cut_short_at(run, d)) is None:
+                clear_run(d)  # the bench's own folder of this run, cut short where it cannot go on: it starts again
+                for name in BENCH_FILES:  # and what the bench wrote of an earlier run into it
+                    (d / name).unlink(missing_ok=True)
+                before, resumed, going_on = 0.0, 0, ""
+            else:
+                before, resumed = earlier_wall(d)
+                resumed, going_on = resumed + 1, f"; goes on from its checkpoint after round {after}"
+            config = run_config_string({**run.config, "results-dir": str(d), **({"resume-from": str(d)} if resumed else {})})
+            print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}{going_on}; {eta.left(todo[k - 1 :])}", flush=True)
+            t0 = time.perf_counter() - before
 
-            def progress(line: str, run: Run = run, rest: list[Run] = todo[k - 1 :], t0: float = t0) -> None:
+            def progress(line: str, run: Run = run, rest: list[Run] = todo[k - 1 :], t0: float = t0, d: Path = d, resumed: int = resumed) -> None:
                 if found := ROUND_LINE.search(line):
                     done, elapsed = int(found.group(1)), time.perf_counter() - t0
+                    write_json(d / PROGRESS, {"wall-seconds": elapsed, "resumed": resumed})
                     print(f"    round {done}/{found.group(2)}, {duration(elapsed)}; suite {eta.left(rest, (done, elapsed))}", flush=True)
 
             _, state, log = submit(ROOT, home, config, num_clients=run.clients, cpus=cpus, gpus=gpus, echo=False, on_line=progress)
@@ -456,8 +512,16 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             lineage = (_read(d / "metrics.json") or {}).get("lineage")
             write_json(
                 d / "bench.json",
-                {"wall-seconds": wall, "clients": run.clients, "machine": machine(cpus, gpus), "data": digests[data_key(run.config)], "lineage": lineage},
+                {
+                    "wall-seconds": wall,
+                    "clients": run.clients,
+                    "machine": machine(cpus, gpus),
+                    "data": digests[data_key(run.config)],
+                    "lineage": lineage,
+                    **({"resumed": resumed} if resumed else {}),
+                },
             )
+            (d / PROGRESS).unlink(missing_ok=True)
             if not finished(run, results, records, suite):
                 why = mismatch(run, _read(d / "metrics.json") or {}) or "no metrics.json"
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended, but {d / 'metrics.json'} is not of the suite's run: {why}")

@@ -745,6 +745,59 @@ def test_a_results_dir_is_recorded_only_with_the_bench_json_of_that_very_run(tmp
     assert not finished(runs[0], results, records, "tiny") and not runs[0].record(records, "tiny").exists()
 
 
+def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path, monkeypatch, capsys):
+    """A run cut short after a round, with its checkpoint and a metrics.json of the run as the suite
+    declares it, goes on from the checkpoint (resume-from, the folder kept); its record's wall time
+    counts both parts and says it was resumed once. A cut-short folder of another config, or one
+    without a checkpoint, starts again from an empty folder."""
+    import contextlib
+    from pathlib import Path
+
+    import pflower.bench as bench
+
+    (tmp_path / "suites.toml").write_text(SUITE.replace("num-server-rounds = 1", "num-server-rounds = 3"))
+    results, records = tmp_path / "results", tmp_path / "records"
+    runs = {(r.label, r.seed): r for r in load_suite(tmp_path / "suites.toml", "tiny")[1]}
+    folders = {key: run.directory(results, "tiny") for key, run in runs.items()}
+    for key, config, checkpoint in ((("local", 0), runs["local", 0].config, True), (("local", 1), runs["local", 1].config, False),
+                                    (("fedavg-slow", 0), {**runs["fedavg-slow", 0].config, "lr": 0.02}, True)):  # fmt: skip
+        folders[key].mkdir(parents=True)
+        (folders[key] / "metrics.json").write_text(json.dumps({**_metrics(config, 0.5, rounds=2), "lineage": "1" * 32}))
+        (folders[key] / "bench-progress.json").write_text(json.dumps({"wall-seconds": 1000.0, "resumed": 0}))
+        if checkpoint:
+            (folders[key] / "checkpoint.pt").write_bytes(b"the state after round 2")
+    seen = {}
+
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+        folder = Path(re.search(r"results-dir='([^']*)'", config).group(1))
+        key = next(k for k, f in folders.items() if f == folder)
+        going_on = re.search(r"resume-from='([^']*)'", config)
+        seen[key] = (going_on and going_on.group(1), (folder / "checkpoint.pt").exists(), (folder / "metrics.json").exists())
+        on_line("INFO :      [round 3/3] accuracy 0.7")
+        assert json.loads((folder / "bench-progress.json").read_text())["resumed"] == (1 if going_on else 0)
+        metrics = _metrics(runs[key].config, 0.7, rounds=3)
+        if going_on:  # the resumed run records where it went on from
+            metrics["config"]["resume-from"] = str(folder)
+        (folder / "metrics.json").write_text(json.dumps({**metrics, "lineage": "1" * 32}))
+        return 0, "finished:completed", "log"
+
+    monkeypatch.setattr(bench, "submit", submit)
+    monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
+    monkeypatch.setattr(bench, "data_fingerprint", lambda config: "d" * 32)
+    execute(list(runs.values()), results, "tiny", records)
+    assert "[1/4] g / local / seed 0; goes on from its checkpoint after round 2; " in capsys.readouterr().out
+    assert seen == {
+        ("local", 0): (str(folders["local", 0]), True, True),
+        ("local", 1): (None, False, False),
+        ("fedavg-slow", 0): (None, False, False),
+        ("fedavg-slow", 1): (None, False, False),
+    }
+    for key, run in runs.items():
+        bench_part = json.loads(run.record(records, "tiny").read_text())["bench"]
+        assert (bench_part["wall-seconds"] >= 1000.0) == (key == ("local", 0)) and bench_part.get("resumed") == (1 if key == ("local", 0) else None)
+        assert not (folders[key] / "bench-progress.json").exists()
+
+
 def test_another_suite_file_keeps_out_of_the_projects_records(tmp_path, monkeypatch, capsys):
     """A suite of the same name in another file would write over the project's records and its
     docs page: it needs --records DIR; the project's own file, named by a relative path, is the
