@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pflower.check import at_least_one, client_count
-from pflower.processes import console_script, free_port, stop, wait_for_port
+from pflower.processes import console_script, free_port, start_watched, stop, wait_for_port
 
 #: Set for every Flower process. Ray's RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO stays unset: Ray then
 #: gives an actor that asked for no GPU CUDA_VISIBLE_DEVICES='' (as under plain ``flwr run``).
@@ -72,12 +72,13 @@ def _superlink(flwr_home: Path, extra_env: dict[str, str]) -> Iterator[int]:
         "--fleet-api-address", f"127.0.0.1:{free_port()}", "--control-api-address", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
     env = {**flower_env(flwr_home), **extra_env}
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_watched(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)  # it ends with this process, however this ends
     try:
         wait_for_port(proc, "flower-superlink", "127.0.0.1", port, lambda: f"; see {flwr_home / 'superlink.log'}")
         yield port
     finally:
         stop(proc)
+        proc.stdin.close()
         log.close()
 
 

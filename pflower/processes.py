@@ -1,5 +1,6 @@
 """The processes pflower's tools start: free ports, Flower's console scripts, waiting until a
-server listens, and stopping a process with everything it started.
+server listens, stopping a process with everything it started, and a watcher that stops a
+server when the program that started it dies (``python -m pflower.processes COMMAND...``).
 
 Shared by ``pflower-sim`` (:mod:`pflower.launcher`, :mod:`pflower.ray_head`) and
 ``pflower-deploy`` (:mod:`pflower.deploy`); neither the ServerApp nor the ClientApp needs it.
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,3 +101,34 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             continue
     _signal(tree, proc.pid, signal.SIGKILL)  # whatever outlived its parent
+
+
+def start_watched(cmd: list[str], **popen) -> subprocess.Popen:
+    """Start ``cmd`` under a watcher (:func:`main`) in a session of its own. When this process
+    ends in any way, SIGKILL and the OOM killer included, the watcher's stdin closes and it stops
+    ``cmd`` with everything ``cmd`` started; :func:`stop` on the returned process stops them too."""
+    return subprocess.Popen([sys.executable, "-m", "pflower.processes", *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
+
+
+def main() -> None:
+    """The watcher: run the command ``sys.argv[1:]`` until it exits (then exit with its status)
+    or until stdin closes or SIGTERM comes (then stop it and its descendants, and exit)."""
+    child = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def exit_with_child() -> None:
+        code = child.wait()
+        os._exit(code if code >= 0 else 128 - code)
+
+    def on_sigterm(signum, frame) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    threading.Thread(target=exit_with_child, daemon=True).start()
+    try:
+        sys.stdin.buffer.read()
+    finally:
+        stop(child)
+
+
+if __name__ == "__main__":
+    main()

@@ -156,7 +156,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.e2e
-def test_sigterm_stops_every_process_pflower_sim_started(tmp_path):
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGKILL, -9)], ids=["sigterm", "sigkill"])
+def test_every_process_pflower_sim_started_ends_with_it(tmp_path, sig, status):
+    """SIGTERM: pflower-sim stops what it started. SIGKILL (or the OOM killer) leaves it no time:
+    the Ray head and the SuperLink's watcher see their stdin close and stop theirs."""
     home = tmp_path / "home"
     cmd = [os.path.join(os.path.dirname(sys.executable), "pflower-sim"), "--num-clients", "2", "--flwr-home", str(home),
            "--app", str(ROOT), "-c", f"method='fedavg' num-server-rounds=500 results-dir='{tmp_path / 'out'}'"]  # fmt: skip
@@ -169,9 +172,48 @@ def test_sigterm_stops_every_process_pflower_sim_started(tmp_path):
         time.sleep(0.2)
     started = process_tree(proc.pid)[1:]
     assert len(started) >= 4  # flwr run, the SuperLink, its simulation process and the Ray head, at least
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(120) == 143
-    deadline = time.monotonic() + 15  # a process SIGKILLed as pflower-sim exits may take a moment to end
+    proc.send_signal(sig)
+    assert proc.wait(120) == status
+    deadline = time.monotonic() + 60  # a watcher gives its server 10 s to stop before SIGKILL
     while (left := {pid: _cmdline(pid)[:120] for pid in started if _alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == {}
+
+
+def _watcher_tree(watcher: int, size: int) -> list[int]:
+    """The watcher's process tree once it has ``size`` processes."""
+    from pflower.processes import process_tree
+
+    deadline = time.monotonic() + 30
+    while len(tree := process_tree(watcher)) < size:
+        assert time.monotonic() < deadline, tree
+        time.sleep(0.05)
+    return tree
+
+
+def _gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + 30
+    while (left := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_a_watched_server_ends_when_the_program_that_started_it_is_killed():
+    """SIGKILL leaves a program no time to stop its servers: the watcher's stdin closes, and it
+    stops the server and what the server started."""
+    script = "import sys\nfrom pflower.processes import start_watched\nprint(start_watched(['sh', '-c', 'sleep 1000 & sleep 1000; true']).pid, flush=True)\nsys.stdin.read()\n"
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    started = _watcher_tree(int(launcher.stdout.readline()), 4)  # the watcher, sh and its two sleeps
+    launcher.kill()
+    launcher.wait()
+    assert _gone(started) == []
+
+
+def test_a_watched_command_exits_with_its_status_and_ends_with_its_watcher():
+    from pflower.processes import start_watched
+
+    assert start_watched(["sh", "-c", "exit 3"]).wait(30) == 3
+    watcher = start_watched(["sh", "-c", "sleep 1000; true"])
+    started = _watcher_tree(watcher.pid, 3)
+    watcher.terminate()
+    assert watcher.wait(30) == 143 and _gone(started) == []
