@@ -380,12 +380,18 @@ def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
     return True
 
 
-def cut_short_at(run: Run, folder: Path) -> int | None:
-    """The last round of the run cut short in ``folder``, when it can go on from its checkpoint
-    (``resume-from``, which continues it exactly): a checkpoint, and a metrics.json of the run as
-    the suite declares it, with rounds left and no client crashed; None when it starts again."""
-    metrics = _read(folder / METRICS)
-    if metrics is None or not (folder / CHECKPOINT).is_file() or (folder / "bench.json").exists():
+def cut_short_at(run: Run, folder: Path, part: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The last round of the run cut short in ``folder`` and the bench's :data:`PROGRESS` of it,
+    when the run can go on from its checkpoint (``resume-from``, which continues it exactly): the
+    bench started it on this machine with this code and data (``part``: :func:`machine` and the
+    data's digest, as :data:`PROGRESS` has them), and it left a checkpoint and a metrics.json of
+    the run as the suite declares it, no client crashed; None when it starts again."""
+    progress, metrics = _read(folder / PROGRESS), _read(folder / METRICS)
+    if progress is None or metrics is None or not (folder / CHECKPOINT).is_file() or (folder / "bench.json").exists():
+        return None
+    if any(progress.get(key) != value for key, value in part.items()) or not isinstance(progress.get("resumed"), int):
+        return None
+    if not isinstance(progress.get("wall-seconds"), (int, float)):
         return None
     try:
         if config_mismatch(run, metrics["config"]) or client_errors(metrics) or (run.clients and metrics["num-clients"] != run.clients):
@@ -393,17 +399,7 @@ def cut_short_at(run: Run, folder: Path) -> int | None:
         last = int(metrics["rounds"][-1]["round"])
     except (AttributeError, TypeError, KeyError, IndexError, ValueError):
         return None
-    return last if 0 < last < run.rounds else None
-
-
-def earlier_wall(folder: Path) -> tuple[float, int]:
-    """The wall time the bench spent on a run cut short in ``folder`` and how often it was resumed
-    before; from the rounds' own times where the bench left no :data:`PROGRESS`."""
-    progress = _read(folder / PROGRESS)
-    if progress is not None and isinstance(progress.get("wall-seconds"), (int, float)) and isinstance(progress.get("resumed"), int):
-        return float(progress["wall-seconds"]), progress["resumed"]
-    rounds = (_read(folder / METRICS) or {}).get("rounds", [])
-    return float(sum(r.get("wall-seconds") or 0 for r in rounds if isinstance(r, dict))), 0
+    return (last, progress) if 0 < last <= run.rounds else None
 
 
 def duration(seconds: float) -> str:
@@ -485,29 +481,37 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
         for k, run in enumerate(todo, 1):
             d = run.directory(results, suite)
             d.mkdir(parents=True, exist_ok=True)
-            if (after := cut_short_at(run, d)) is None:
+            part = {"machine": machine(cpus, gpus), "data": digests[data_key(run.config)]}
+            if (cut := cut_short_at(run, d, part)) is None:
                 clear_run(d)  # the bench's own folder of this run, cut short where it cannot go on: it starts again
                 for name in BENCH_FILES:  # and what the bench wrote of an earlier run into it
                     (d / name).unlink(missing_ok=True)
                 before, resumed, going_on = 0.0, 0, ""
             else:
-                before, resumed = earlier_wall(d)
-                resumed, going_on = resumed + 1, f"; goes on from its checkpoint after round {after}"
+                before, resumed = float(cut[1]["wall-seconds"]), cut[1]["resumed"] + 1
+                going_on = f"; goes on from its checkpoint after round {cut[0]}"
+            write_json(d / PROGRESS, {"wall-seconds": before, "resumed": resumed, **part})
             config = run_config_string({**run.config, "results-dir": str(d), **({"resume-from": str(d)} if resumed else {})})
             print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}{going_on}; {eta.left(todo[k - 1 :])}", flush=True)
             t0 = time.perf_counter() - before
 
-            def progress(line: str, run: Run = run, rest: list[Run] = todo[k - 1 :], t0: float = t0, d: Path = d, resumed: int = resumed) -> None:
+            def progress(line: str, rest: list[Run] = todo[k - 1 :], t0: float = t0, d: Path = d, resumed: int = resumed, part: dict = part) -> None:
                 if found := ROUND_LINE.search(line):
                     done, elapsed = int(found.group(1)), time.perf_counter() - t0
-                    write_json(d / PROGRESS, {"wall-seconds": elapsed, "resumed": resumed})
+                    write_json(d / PROGRESS, {"wall-seconds": elapsed, "resumed": resumed, **part})
                     print(f"    round {done}/{found.group(2)}, {duration(elapsed)}; suite {eta.left(rest, (done, elapsed))}", flush=True)
 
             _, state, log = submit(ROOT, home, config, num_clients=run.clients, cpus=cpus, gpus=gpus, echo=False, on_line=progress)
             wall = time.perf_counter() - t0
-            (d / "run.log").write_text(log)
             if state != "finished:completed":
-                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{state}'; log in {d / 'run.log'}")
+                again = ""
+                if resumed:  # it may fail so at every start: the next one runs it from its first round
+                    clear_run(d)
+                    (d / PROGRESS).unlink(missing_ok=True)
+                    again = "; it went on from its checkpoint, now removed: the next start runs it from round 1"
+                (d / "run.log").write_text(log)
+                raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended '{state}'{again}; log in {d / 'run.log'}")
+            (d / "run.log").write_text(log)
             eta.add(run, wall)
             lineage = (_read(d / "metrics.json") or {}).get("lineage")
             write_json(
@@ -515,8 +519,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
                 {
                     "wall-seconds": wall,
                     "clients": run.clients,
-                    "machine": machine(cpus, gpus),
-                    "data": digests[data_key(run.config)],
+                    **part,
                     "lineage": lineage,
                     **({"resumed": resumed} if resumed else {}),
                 },

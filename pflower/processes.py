@@ -110,23 +110,34 @@ def start_watched(cmd: list[str], **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pflower.processes", *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
 
 
+def _unblock_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def main() -> None:
     """The watcher: run the command ``sys.argv[1:]`` until it exits (then exit with its status)
-    or until stdin closes or SIGTERM comes (then stop it and its descendants, and exit)."""
-    child = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def exit_with_child() -> None:
-        code = child.wait()
-        os._exit(code if code >= 0 else 128 - code)
+    or until stdin closes or SIGTERM comes (then stop it and its descendants, and exit). SIGTERM
+    waits while the command starts, so that no command is left without its watcher."""
+    stopping = threading.Event()
 
     def on_sigterm(signum, frame) -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    threading.Thread(target=exit_with_child, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    child = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_unblock_sigterm)
+
+    def exit_with_child() -> None:
+        code = child.wait()
+        if not stopping.is_set():  # a stop under way ends what the command left first
+            os._exit(code if code >= 0 else 128 - code)
+
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        threading.Thread(target=exit_with_child, daemon=True).start()
         sys.stdin.buffer.read()
     finally:
+        stopping.set()
         stop(child)
 
 

@@ -746,26 +746,34 @@ def test_a_results_dir_is_recorded_only_with_the_bench_json_of_that_very_run(tmp
 
 
 def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path, monkeypatch, capsys):
-    """A run cut short after a round, with its checkpoint and a metrics.json of the run as the suite
-    declares it, goes on from the checkpoint (resume-from, the folder kept); its record's wall time
-    counts both parts and says it was resumed once. A cut-short folder of another config, or one
-    without a checkpoint, starts again from an empty folder."""
+    """A run the bench started here, with this code and data, and cut short after a round (its
+    checkpoint and a metrics.json of the run as the suite declares it, the last round's included)
+    goes on from the checkpoint (resume-from, the folder kept); its record's wall time counts both
+    parts and says it was resumed once. A cut-short folder of another config, of another machine or
+    code (here another GPU share), or without a checkpoint starts again from an empty folder."""
     import contextlib
     from pathlib import Path
 
     import pflower.bench as bench
 
-    (tmp_path / "suites.toml").write_text(SUITE.replace("num-server-rounds = 1", "num-server-rounds = 3"))
+    (tmp_path / "suites.toml").write_text(SUITE.replace("num-server-rounds = 1", "num-server-rounds = 3").replace("seeds = [0, 1]", "seeds = [0, 1, 2]"))
     results, records = tmp_path / "results", tmp_path / "records"
     runs = {(r.label, r.seed): r for r in load_suite(tmp_path / "suites.toml", "tiny")[1]}
     folders = {key: run.directory(results, "tiny") for key, run in runs.items()}
-    for key, config, checkpoint in ((("local", 0), runs["local", 0].config, True), (("local", 1), runs["local", 1].config, False),
-                                    (("fedavg-slow", 0), {**runs["fedavg-slow", 0].config, "lr": 0.02}, True)):  # fmt: skip
+    here = {"machine": bench.machine(1, 0.0), "data": "d" * 32}
+    cut = {  # the run: (its config as it ran, its last round, a checkpoint, the part the bench started)
+        ("local", 0): (runs["local", 0].config, 2, True, here),
+        ("local", 1): (runs["local", 1].config, 2, False, here),
+        ("local", 2): (runs["local", 2].config, 3, True, here),  # cut short after its last round
+        ("fedavg-slow", 0): ({**runs["fedavg-slow", 0].config, "lr": 0.02}, 2, True, here),
+        ("fedavg-slow", 1): (runs["fedavg-slow", 1].config, 2, True, {**here, "machine": bench.machine(1, 0.5)}),
+    }
+    for key, (config, last, checkpoint, part) in cut.items():
         folders[key].mkdir(parents=True)
-        (folders[key] / "metrics.json").write_text(json.dumps({**_metrics(config, 0.5, rounds=2), "lineage": "1" * 32}))
-        (folders[key] / "bench-progress.json").write_text(json.dumps({"wall-seconds": 1000.0, "resumed": 0}))
+        (folders[key] / "metrics.json").write_text(json.dumps({**_metrics(config, 0.5, rounds=last), "lineage": "1" * 32}))
+        (folders[key] / "bench-progress.json").write_text(json.dumps({"wall-seconds": 1000.0, "resumed": 0, **part}))
         if checkpoint:
-            (folders[key] / "checkpoint.pt").write_bytes(b"the state after round 2")
+            (folders[key] / "checkpoint.pt").write_bytes(b"the state after the last round")
     seen = {}
 
     def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
@@ -774,7 +782,11 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
         going_on = re.search(r"resume-from='([^']*)'", config)
         seen[key] = (going_on and going_on.group(1), (folder / "checkpoint.pt").exists(), (folder / "metrics.json").exists())
         on_line("INFO :      [round 3/3] accuracy 0.7")
-        assert json.loads((folder / "bench-progress.json").read_text())["resumed"] == (1 if going_on else 0)
+        assert json.loads((folder / "bench-progress.json").read_text()) == {
+            "wall-seconds": pytest.approx(1000.0 if going_on else 0.0, abs=60),
+            "resumed": 1 if going_on else 0,
+            **here,
+        }
         metrics = _metrics(runs[key].config, 0.7, rounds=3)
         if going_on:  # the resumed run records where it went on from
             metrics["config"]["resume-from"] = str(folder)
@@ -785,17 +797,50 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
     monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
     monkeypatch.setattr(bench, "data_fingerprint", lambda config: "d" * 32)
     execute(list(runs.values()), results, "tiny", records)
-    assert "[1/4] g / local / seed 0; goes on from its checkpoint after round 2; " in capsys.readouterr().out
-    assert seen == {
-        ("local", 0): (str(folders["local", 0]), True, True),
-        ("local", 1): (None, False, False),
-        ("fedavg-slow", 0): (None, False, False),
-        ("fedavg-slow", 1): (None, False, False),
-    }
+    out = capsys.readouterr().out
+    assert (
+        "[1/6] g / local / seed 0; goes on from its checkpoint after round 2; " in out
+        and "[3/6] g / local / seed 2; goes on from its checkpoint after round 3; " in out
+    )
+    going_on = {("local", 0), ("local", 2)}
+    assert seen == {key: (str(folders[key]), True, True) if key in going_on else (None, False, False) for key in runs}
     for key, run in runs.items():
         bench_part = json.loads(run.record(records, "tiny").read_text())["bench"]
-        assert (bench_part["wall-seconds"] >= 1000.0) == (key == ("local", 0)) and bench_part.get("resumed") == (1 if key == ("local", 0) else None)
-        assert not (folders[key] / "bench-progress.json").exists()
+        assert (bench_part["wall-seconds"] >= 1000.0) == (key in going_on) and bench_part.get("resumed") == (1 if key in going_on else None)
+        assert bench_part["machine"] == here["machine"] and not (folders[key] / "bench-progress.json").exists()
+
+
+def test_a_run_that_fails_going_on_from_its_checkpoint_runs_from_its_first_round_next_time(tmp_path, monkeypatch):
+    """A checkpoint that cannot be gone on from (unreadable, of a pflower since changed) would stop
+    the suite at every start: the failed part removes it, and the next start runs the run anew."""
+    import contextlib
+    from pathlib import Path
+
+    import pflower.bench as bench
+
+    (tmp_path / "suites.toml").write_text(SUITE.replace("num-server-rounds = 1", "num-server-rounds = 3").replace("seeds = [0, 1]", "seeds = [0]"))
+    results, records = tmp_path / "results", tmp_path / "records"
+    run = load_suite(tmp_path / "suites.toml", "tiny")[1][0]
+    folder = run.directory(results, "tiny")
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(_metrics(run.config, 0.5, rounds=2)))
+    (folder / "checkpoint.pt").write_bytes(b"")
+    (folder / "bench-progress.json").write_text(json.dumps({"wall-seconds": 10.0, "resumed": 0, "machine": bench.machine(1, 0.0), "data": "d" * 32}))
+    configs = []
+
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+        configs.append(config)
+        return 1, "finished:failed", "checkpoint.pt is not a readable pflower checkpoint"
+
+    monkeypatch.setattr(bench, "submit", submit)
+    monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
+    monkeypatch.setattr(bench, "data_fingerprint", lambda config: "d" * 32)
+    with pytest.raises(SystemExit, match="went on from its checkpoint, now removed: the next start runs it from round 1; log in"):
+        execute([run], results, "tiny", records)
+    assert not (folder / "checkpoint.pt").exists() and (folder / "run.log").read_text().endswith("readable pflower checkpoint")
+    with pytest.raises(SystemExit, match=r"ended 'finished:failed'; log in"):
+        execute([run], results, "tiny", records)
+    assert ["resume-from" in c for c in configs] == [True, False] and Path(folder / "run.log").exists()
 
 
 def test_another_suite_file_keeps_out_of_the_projects_records(tmp_path, monkeypatch, capsys):

@@ -201,9 +201,10 @@ def _gone(pids: list[int]) -> list[int]:
 def test_a_watched_server_ends_when_the_program_that_started_it_is_killed():
     """SIGKILL leaves a program no time to stop its servers: the watcher's stdin closes, and it
     stops the server and what the server started."""
-    script = "import sys\nfrom pflower.processes import start_watched\nprint(start_watched(['sh', '-c', 'sleep 1000 & sleep 1000; true']).pid, flush=True)\nsys.stdin.read()\n"
+    stubborn = "sh -c 'trap \"\" TERM; sleep 1000; true' & sleep 1000; true"  # a descendant that ignores SIGTERM
+    script = f"import sys\nfrom pflower.processes import start_watched\nprint(start_watched(['sh', '-c', {stubborn!r}]).pid, flush=True)\nsys.stdin.read()\n"
     launcher = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    started = _watcher_tree(int(launcher.stdout.readline()), 4)  # the watcher, sh and its two sleeps
+    started = _watcher_tree(int(launcher.stdout.readline()), 5)  # the watcher, sh, its sleep, the stubborn sh and its sleep
     launcher.kill()
     launcher.wait()
     assert _gone(started) == []
@@ -217,3 +218,19 @@ def test_a_watched_command_exits_with_its_status_and_ends_with_its_watcher():
     started = _watcher_tree(watcher.pid, 3)
     watcher.terminate()
     assert watcher.wait(30) == 143 and _gone(started) == []
+
+
+def test_a_watcher_stopped_while_its_command_starts_leaves_nothing():
+    from pflower.processes import process_tree, start_watched
+
+    marker = f"sleep 1000.{os.getpid()}"  # the command's own process, found by its command line
+    for _ in range(20):
+        watcher = start_watched(["sh", "-c", f"{marker}; true"])
+        while len(process_tree(watcher.pid)) < 2:  # the command has just been forked
+            assert watcher.poll() is None
+        watcher.terminate()
+        watcher.wait(30)
+    deadline = time.monotonic() + 30
+    while (left := [pid for pid in os.listdir("/proc") if pid.isdigit() and marker in _cmdline(int(pid)) and _alive(int(pid))]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []
