@@ -12,6 +12,7 @@ set by the user wins: then no head is started.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -72,6 +73,9 @@ def main() -> None:
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
+    # Registered before Ray's own exit handlers, so it runs after them: the head's folder goes
+    # with it even when the launcher, which also removes it, was killed.
+    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
     node = Node(RayParams(include_dashboard=False, no_monitor=True), head=True, shutdown_at_exit=True, spawn_reaper=False)
     target = address_file(os.environ["RAY_TMPDIR"])
     target.write_text(node.gcs_address)

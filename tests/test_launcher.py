@@ -159,7 +159,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGKILL, -9)], ids=["sigterm", "sigkill"])
 def test_every_process_pflower_sim_started_ends_with_it(tmp_path, sig, status):
     """SIGTERM: pflower-sim stops what it started. SIGKILL (or the OOM killer) leaves it no time:
-    the Ray head and the SuperLink's watcher see their stdin close and stop theirs."""
+    the Ray head and the SuperLink's watcher see their stdin close and stop theirs, and the head
+    removes its folder."""
     home = tmp_path / "home"
     cmd = [os.path.join(os.path.dirname(sys.executable), "pflower-sim"), "--num-clients", "2", "--flwr-home", str(home),
            "--app", str(ROOT), "-c", f"method='fedavg' num-server-rounds=500 results-dir='{tmp_path / 'out'}'"]  # fmt: skip
@@ -172,12 +173,14 @@ def test_every_process_pflower_sim_started_ends_with_it(tmp_path, sig, status):
         time.sleep(0.2)
     started = process_tree(proc.pid)[1:]
     assert len(started) >= 4  # flwr run, the SuperLink, its simulation process and the Ray head, at least
+    head = next(pid for pid in started if "pflower.ray_head" in _cmdline(pid))
+    ray_tmpdir = next(v[len(b"RAY_TMPDIR=") :].decode() for v in open(f"/proc/{head}/environ", "rb").read().split(b"\0") if v.startswith(b"RAY_TMPDIR="))
     proc.send_signal(sig)
     assert proc.wait(120) == status
     deadline = time.monotonic() + 60  # a watcher gives its server 10 s to stop before SIGKILL
-    while (left := {pid: _cmdline(pid)[:120] for pid in started if _alive(pid)}) and time.monotonic() < deadline:
+    while ((left := {pid: _cmdline(pid)[:120] for pid in started if _alive(pid)}) or os.path.exists(ray_tmpdir)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert left == {}
+    assert left == {} and not os.path.exists(ray_tmpdir)
 
 
 def _watcher_tree(watcher: int, size: int) -> list[int]:
