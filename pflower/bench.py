@@ -159,6 +159,21 @@ def code_version() -> str:
     return f"{release} {commit}{modified}"
 
 
+def code_digest() -> str:
+    """What code a run runs, by content: a BLAKE2 digest of pflower's Python files and the
+    pyproject.toml that holds the runs' defaults. Unlike the commit it does not move with a commit
+    that changes no code, and it tells two uncommitted edits apart."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    if (ROOT / "pyproject.toml").is_file():
+        digest.update((ROOT / "pyproject.toml").read_bytes())
+    return digest.hexdigest()
+
+
 def machine(cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> dict[str, Any]:
     """What ran a record's run, and with which code: CPU model and count, GPUs if any, the cores
     and GPU share each ClientApp had, Python, torch, flwr and pflower versions."""
@@ -383,8 +398,8 @@ def finished(run: Run, results: Path, records: Path, suite: str) -> bool:
 def cut_short_at(run: Run, folder: Path, part: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The last round of the run cut short in ``folder`` and the bench's :data:`PROGRESS` of it,
     when the run can go on from its checkpoint (``resume-from``, which continues it exactly): the
-    bench started it on this machine with this code and data (``part``: :func:`machine` and the
-    data's digest, as :data:`PROGRESS` has them), and it left a checkpoint and a metrics.json of
+    bench started it on this machine with this code and data (``part``: :func:`machine` without
+    the commit, :func:`code_digest` and the data's digest, as :data:`PROGRESS` has them), and it left a checkpoint and a metrics.json of
     the run as the suite declares it, no client crashed; None when it starts again."""
     progress, metrics = _read(folder / PROGRESS), _read(folder / METRICS)
     if progress is None or metrics is None or not (folder / CHECKPOINT).is_file() or (folder / "bench.json").exists():
@@ -481,7 +496,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
         for k, run in enumerate(todo, 1):
             d = run.directory(results, suite)
             d.mkdir(parents=True, exist_ok=True)
-            part = {"machine": machine(cpus, gpus), "data": digests[data_key(run.config)]}
+            here = machine(cpus, gpus)
+            part = {"machine": {key: v for key, v in here.items() if key != "pflower"}, "code": code_digest(), "data": digests[data_key(run.config)]}
             if (cut := cut_short_at(run, d, part)) is None:
                 clear_run(d)  # the bench's own folder of this run, cut short where it cannot go on: it starts again
                 for name in BENCH_FILES:  # and what the bench wrote of an earlier run into it
@@ -495,9 +511,14 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             print(f"[{k}/{len(todo)}] {run.grid} / {run.label} / seed {run.seed}{going_on}; {eta.left(todo[k - 1 :])}", flush=True)
             t0 = time.perf_counter() - before
 
-            def progress(line: str, rest: list[Run] = todo[k - 1 :], t0: float = t0, d: Path = d, resumed: int = resumed, part: dict = part) -> None:
+            went_on: list[int] = []  # the rounds this part logged
+
+            def progress(
+                line: str, rest: list[Run] = todo[k - 1 :], t0: float = t0, d: Path = d, resumed: int = resumed, part: dict = part, went_on: list = went_on
+            ) -> None:
                 if found := ROUND_LINE.search(line):
                     done, elapsed = int(found.group(1)), time.perf_counter() - t0
+                    went_on.append(done)
                     write_json(d / PROGRESS, {"wall-seconds": elapsed, "resumed": resumed, **part})
                     print(f"    round {done}/{found.group(2)}, {duration(elapsed)}; suite {eta.left(rest, (done, elapsed))}", flush=True)
 
@@ -505,7 +526,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             wall = time.perf_counter() - t0
             if state != "finished:completed":
                 again = ""
-                if resumed:  # it may fail so at every start: the next one runs it from its first round
+                if resumed and not went_on:  # it may fail so at every start: the next one runs it from its first round
                     clear_run(d)
                     (d / PROGRESS).unlink(missing_ok=True)
                     again = "; it went on from its checkpoint, now removed: the next start runs it from round 1"
@@ -519,7 +540,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
                 {
                     "wall-seconds": wall,
                     "clients": run.clients,
-                    **part,
+                    "machine": here,
+                    "data": part["data"],
                     "lineage": lineage,
                     **({"resumed": resumed} if resumed else {}),
                 },

@@ -8,6 +8,7 @@ Shared by ``pflower-sim`` (:mod:`pflower.launcher`, :mod:`pflower.ray_head`) and
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -110,15 +111,36 @@ def start_watched(cmd: list[str], **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pflower.processes", *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
 
 
+#: Linux's prctl option that makes a process the parent of its orphaned descendants.
+PR_SET_CHILD_SUBREAPER = 36
+
+
 def _unblock_sigterm() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
+def _end_descendants(wait: float = 5) -> None:
+    """SIGTERM every live descendant of this process, then SIGKILL those left after ``wait`` s."""
+    deadline = time.monotonic() + wait
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in process_tree(os.getpid())[1:]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        while sig == signal.SIGTERM and process_tree(os.getpid())[1:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 def main() -> None:
-    """The watcher: run the command ``sys.argv[1:]`` until it exits (then exit with its status)
-    or until stdin closes or SIGTERM comes (then stop it and its descendants, and exit). SIGTERM
-    waits while the command starts, so that no command is left without its watcher."""
+    """The watcher: run the command ``sys.argv[1:]`` until it exits (then end what it left and
+    exit with its status) or until stdin closes or SIGTERM comes (then stop it and its
+    descendants, and exit). SIGTERM waits while the command starts, so that no command is left
+    without its watcher, and is ignored while it stops. On Linux the watcher is the subreaper of
+    what the command starts, so what the command leaves when it dies is found and ended too."""
     stopping = threading.Event()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def on_sigterm(signum, frame) -> None:
         raise SystemExit(128 + signal.SIGTERM)
@@ -129,7 +151,8 @@ def main() -> None:
 
     def exit_with_child() -> None:
         code = child.wait()
-        if not stopping.is_set():  # a stop under way ends what the command left first
+        if not stopping.is_set():  # a stop under way ends what the command left itself
+            _end_descendants()
             os._exit(code if code >= 0 else 128 - code)
 
     try:
@@ -137,8 +160,10 @@ def main() -> None:
         threading.Thread(target=exit_with_child, daemon=True).start()
         sys.stdin.buffer.read()
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stopping.set()
         stop(child)
+        _end_descendants()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ set by the user wins: then no head is started.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
@@ -24,6 +23,8 @@ from pathlib import Path
 
 from pflower.processes import stop
 
+#: The start of the name of a head's private ``RAY_TMPDIR``.
+TMP_PREFIX = "pflower-ray-"
 #: Seconds a head gets to shut down cleanly before its processes are killed.
 SHUTDOWN_WAIT = 15
 
@@ -41,7 +42,7 @@ def ray_head(env: dict[str, str], log_path: Path) -> Iterator[dict[str, str]]:
         return
     # Short and private: Ray's socket paths must fit in 107 bytes, and a shared temp dir would
     # let other programs' ray.init() find this head.
-    tmpdir = tempfile.mkdtemp(prefix="pflower-ray-")
+    tmpdir = tempfile.mkdtemp(prefix=TMP_PREFIX)
     head_env = {**env, "RAY_TMPDIR": tmpdir}
     log = open(log_path, "ab")
     proc = subprocess.Popen(
@@ -62,7 +63,8 @@ def ray_head(env: dict[str, str], log_path: Path) -> Iterator[dict[str, str]]:
 
 
 def main() -> None:
-    """Hold a Ray head until stdin closes (the launcher ends or dies), then stop its processes.
+    """Hold a Ray head until stdin closes (the launcher ends or dies), then stop its processes
+    and remove its folder.
 
     The head is Ray's node itself, as ``ray start --head`` makes it, not ``ray.init()``: this
     process then holds no driver of its own, and the head runs without the autoscaler's
@@ -73,9 +75,6 @@ def main() -> None:
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
-    # Registered before Ray's own exit handlers, so it runs after them: the head's folder goes
-    # with it even when the launcher, which also removes it, was killed.
-    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
     node = Node(RayParams(include_dashboard=False, no_monitor=True), head=True, shutdown_at_exit=True, spawn_reaper=False)
     target = address_file(os.environ["RAY_TMPDIR"])
     target.write_text(node.gcs_address)
@@ -83,6 +82,9 @@ def main() -> None:
     sys.stdin.read()
     target.unlink(missing_ok=True)
     node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    folder = Path(os.environ["RAY_TMPDIR"])
+    if folder.name.startswith(TMP_PREFIX):  # the launcher's, which it removes too unless it was killed
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -749,8 +749,8 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
     """A run the bench started here, with this code and data, and cut short after a round (its
     checkpoint and a metrics.json of the run as the suite declares it, the last round's included)
     goes on from the checkpoint (resume-from, the folder kept); its record's wall time counts both
-    parts and says it was resumed once. A cut-short folder of another config, of another machine or
-    code (here another GPU share), or without a checkpoint starts again from an empty folder."""
+    parts and says it was resumed once. A cut-short folder of another config, machine (here another
+    GPU share) or code, or without a checkpoint starts again from an empty folder."""
     import contextlib
     from pathlib import Path
 
@@ -760,13 +760,14 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
     results, records = tmp_path / "results", tmp_path / "records"
     runs = {(r.label, r.seed): r for r in load_suite(tmp_path / "suites.toml", "tiny")[1]}
     folders = {key: run.directory(results, "tiny") for key, run in runs.items()}
-    here = {"machine": bench.machine(1, 0.0), "data": "d" * 32}
+    here = {"machine": {k: v for k, v in bench.machine(1, 0.0).items() if k != "pflower"}, "code": bench.code_digest(), "data": "d" * 32}
     cut = {  # the run: (its config as it ran, its last round, a checkpoint, the part the bench started)
         ("local", 0): (runs["local", 0].config, 2, True, here),
         ("local", 1): (runs["local", 1].config, 2, False, here),
         ("local", 2): (runs["local", 2].config, 3, True, here),  # cut short after its last round
         ("fedavg-slow", 0): ({**runs["fedavg-slow", 0].config, "lr": 0.02}, 2, True, here),
-        ("fedavg-slow", 1): (runs["fedavg-slow", 1].config, 2, True, {**here, "machine": bench.machine(1, 0.5)}),
+        ("fedavg-slow", 1): (runs["fedavg-slow", 1].config, 2, True, {**here, "machine": {**here["machine"], "gpus-per-client": 0.5}}),
+        ("fedavg-slow", 2): (runs["fedavg-slow", 2].config, 2, True, {**here, "code": "another pflower"}),
     }
     for key, (config, last, checkpoint, part) in cut.items():
         folders[key].mkdir(parents=True)
@@ -807,14 +808,14 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
     for key, run in runs.items():
         bench_part = json.loads(run.record(records, "tiny").read_text())["bench"]
         assert (bench_part["wall-seconds"] >= 1000.0) == (key in going_on) and bench_part.get("resumed") == (1 if key in going_on else None)
-        assert bench_part["machine"] == here["machine"] and not (folders[key] / "bench-progress.json").exists()
+        assert bench_part["machine"] == bench.machine(1, 0.0) and not (folders[key] / "bench-progress.json").exists()
 
 
 def test_a_run_that_fails_going_on_from_its_checkpoint_runs_from_its_first_round_next_time(tmp_path, monkeypatch):
     """A checkpoint that cannot be gone on from (unreadable, of a pflower since changed) would stop
-    the suite at every start: the failed part removes it, and the next start runs the run anew."""
+    the suite at every start: a resumed part that fails before its first round removes it, and the
+    next start runs the run anew. One that fails after going on keeps the rounds it added."""
     import contextlib
-    from pathlib import Path
 
     import pflower.bench as bench
 
@@ -822,25 +823,37 @@ def test_a_run_that_fails_going_on_from_its_checkpoint_runs_from_its_first_round
     results, records = tmp_path / "results", tmp_path / "records"
     run = load_suite(tmp_path / "suites.toml", "tiny")[1][0]
     folder = run.directory(results, "tiny")
-    folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps(_metrics(run.config, 0.5, rounds=2)))
-    (folder / "checkpoint.pt").write_bytes(b"")
-    (folder / "bench-progress.json").write_text(json.dumps({"wall-seconds": 10.0, "resumed": 0, "machine": bench.machine(1, 0.0), "data": "d" * 32}))
-    configs = []
+    here = {"machine": {k: v for k, v in bench.machine(1, 0.0).items() if k != "pflower"}, "code": bench.code_digest(), "data": "d" * 32}
+
+    def cut_short():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.json").write_text(json.dumps(_metrics(run.config, 0.5, rounds=2)))
+        (folder / "checkpoint.pt").write_bytes(b"")
+        (folder / "bench-progress.json").write_text(json.dumps({"wall-seconds": 10.0, "resumed": 0, **here}))
+
+    configs, lines = [], []
 
     def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
         configs.append(config)
+        for line in lines:
+            on_line(line)
         return 1, "finished:failed", "checkpoint.pt is not a readable pflower checkpoint"
 
     monkeypatch.setattr(bench, "submit", submit)
     monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
     monkeypatch.setattr(bench, "data_fingerprint", lambda config: "d" * 32)
+    cut_short()
     with pytest.raises(SystemExit, match="went on from its checkpoint, now removed: the next start runs it from round 1; log in"):
         execute([run], results, "tiny", records)
     assert not (folder / "checkpoint.pt").exists() and (folder / "run.log").read_text().endswith("readable pflower checkpoint")
     with pytest.raises(SystemExit, match=r"ended 'finished:failed'; log in"):
         execute([run], results, "tiny", records)
-    assert ["resume-from" in c for c in configs] == [True, False] and Path(folder / "run.log").exists()
+    assert ["resume-from" in c for c in configs] == [True, False]
+    cut_short()
+    lines.append("[round 3/3] accuracy 0.7")  # it went on, then failed: what it added stays
+    with pytest.raises(SystemExit, match=r"ended 'finished:failed'; log in"):
+        execute([run], results, "tiny", records)
+    assert "resume-from" in configs[-1] and (folder / "checkpoint.pt").exists()
 
 
 def test_another_suite_file_keeps_out_of_the_projects_records(tmp_path, monkeypatch, capsys):

@@ -237,3 +237,39 @@ def test_a_watcher_stopped_while_its_command_starts_leaves_nothing():
     while (left := [pid for pid in os.listdir("/proc") if pid.isdigit() and marker in _cmdline(int(pid)) and _alive(int(pid))]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == []
+
+
+def _running(marker: str) -> list[int]:
+    """Live processes whose command line has ``marker``, once none is left or after 30 s."""
+    deadline = time.monotonic() + 30
+    while (left := [int(p) for p in os.listdir("/proc") if p.isdigit() and marker in _cmdline(int(p)) and _alive(int(p))]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_a_command_that_dies_leaves_nothing_its_watcher_could_find():
+    """A server that dies by itself (a crash, the OOM killer) orphans what it started, in its group
+    and in sessions of their own: the watcher, their subreaper, ends them and exits as it did."""
+    from pflower.processes import start_watched
+
+    marker = f"sleep 1000.{os.getpid()}"
+    watcher = start_watched(["sh", "-c", f"{marker}1 & setsid {marker}2 & sleep 0.5; exit 3"])
+    assert watcher.wait(60) == 3 and _running(marker) == []
+
+
+def test_a_second_sigterm_does_not_cut_the_watchers_stop_short():
+    """systemd and SLURM SIGTERM every process of a job, then the launcher's stop() does: the
+    watcher stops its command, down to SIGKILL for one that ignores SIGTERM, whatever comes."""
+    from pflower.processes import start_watched
+
+    marker = f"sleep 1000.{os.getpid()}3"
+    watcher = start_watched(["sh", "-c", f"trap '' TERM; exec {marker}"])
+    deadline = time.monotonic() + 30
+    while not any(marker in _cmdline(pid) for pid in _watcher_tree(watcher.pid, 2)):  # it ignores SIGTERM now
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    watcher.terminate()
+    time.sleep(0.5)  # the watcher is stopping its command now
+    watcher.terminate()
+    watcher.wait(60)
+    assert _running(marker) == []
