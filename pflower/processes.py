@@ -116,20 +116,30 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 def _unblock_sigterm() -> None:
+    """In the command's process before it runs: a SIGTERM that came meanwhile ends it, as it would
+    end the command (the watcher's handler, inherited until exec, would only note it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def _end_descendants(wait: float = 5) -> None:
-    """SIGTERM every live descendant of this process, then SIGKILL those left after ``wait`` s."""
-    deadline = time.monotonic() + wait
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in process_tree(os.getpid())[1:]:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        while sig == signal.SIGTERM and process_tree(os.getpid())[1:] and time.monotonic() < deadline:
-            time.sleep(0.05)
+def _end_descendants(wait: float = 10) -> None:
+    """SIGTERM every live descendant of this process, those it starts meanwhile too, then SIGKILL
+    those left after ``wait`` seconds."""
+
+    def kill(pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    deadline, told = time.monotonic() + wait, set()
+    while (left := process_tree(os.getpid())[1:]) and time.monotonic() < deadline:
+        for pid in set(left) - told:
+            kill(pid, signal.SIGTERM)
+            told.add(pid)
+        time.sleep(0.05)
+    for pid in process_tree(os.getpid())[1:]:
+        kill(pid, signal.SIGKILL)
 
 
 def main() -> None:
@@ -162,8 +172,7 @@ def main() -> None:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stopping.set()
-        stop(child)
-        _end_descendants()
+        _end_descendants()  # the command and its tree, and on Linux what it orphaned
 
 
 if __name__ == "__main__":
