@@ -8,6 +8,7 @@ Shared by ``pflower-sim`` (:mod:`pflower.launcher`, :mod:`pflower.ray_head`) and
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -56,9 +57,9 @@ def wait_for_port(proc: subprocess.Popen, name: str, host: str, port: int, detai
         time.sleep(0.2)
 
 
-def process_tree(root: int) -> list[int]:
-    """``root`` and its live descendants (read from /proc; zombies left out)."""
-    children: dict[int, list[int]] = {}
+def _live() -> dict[int, int]:
+    """Every live process (zombies left out) and its parent, read from /proc."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -66,42 +67,77 @@ def process_tree(root: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
             if state != "Z":
-                children.setdefault(int(ppid), []).append(int(entry.name))
-    tree, todo = [], [root]
+                parents[int(entry.name)] = int(ppid)
+    return parents
+
+
+def _descendants(roots: set[int], parents: dict[int, int]) -> list[int]:
+    """The descendants of ``roots`` among ``parents`` (a process and its parent), each once."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = [], list(roots)
     while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
+        found = [pid for pid in children.get(todo.pop(), []) if pid not in roots and pid not in tree]
+        tree.extend(found)
+        todo.extend(found)
     return tree
 
 
-def _signal(pids: list[int], group: int, sig: int) -> None:
-    for kill, target in [(os.killpg, group)] + [(os.kill, pid) for pid in pids]:
-        try:
-            kill(target, sig)
-        except ProcessLookupError:
-            pass
+def process_tree(root: int) -> list[int]:
+    """``root`` and its live descendants (read from /proc; zombies left out)."""
+    return [root, *_descendants({root}, _live())]
+
+
+def _kill(pid: int, sig: int, group: bool = False) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _end(listed: Callable[[set[int]], list[int]], group: int | None = None, wait: float = 10) -> None:
+    """SIGTERM ``group`` and each process ``listed(told)`` names, asking it again every 50 ms so
+    that processes started meanwhile are told too, until it names none or ``wait`` seconds pass;
+    then SIGKILL the group and those it names. ``told``: the processes signalled so far, whose
+    descendants a listing can follow after their parent is gone."""
+    deadline, told = time.monotonic() + wait, set()
+    left = listed(told)  # before the first signal: a parent it ends at once orphans the rest
+    if group is not None:
+        _kill(group, signal.SIGTERM, group=True)
+    while left and time.monotonic() < deadline:
+        for pid in set(left) - told:
+            _kill(pid, signal.SIGTERM)
+            told.add(pid)
+        time.sleep(0.05)
+        left = listed(told)
+    if group is not None:
+        _kill(group, signal.SIGKILL, group=True)
+    for pid in listed(told):
+        _kill(pid, signal.SIGKILL)
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """Stop a process started with ``start_new_session``, its process group and its descendants.
+    """Stop a process started with ``start_new_session``, its process group and its descendants,
+    those it starts while it stops too; SIGKILL after 10 s for what is left.
 
     Descendants outside the group count too: a SuperLink's simulation runs in a session of its
-    own and would otherwise linger until it notices the SuperLink is gone. If the process has
-    already exited, what is left of its group is killed.
+    own and would otherwise linger until it notices the SuperLink is gone, and a descendant
+    orphaned while the process stops is still followed. If the process has already exited, what
+    is left of its group is killed.
     """
     if proc.poll() is not None:
-        _signal([], proc.pid, signal.SIGKILL)
+        _kill(proc.pid, signal.SIGKILL, group=True)
         return
-    tree = process_tree(proc.pid)[1:]
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        _signal(tree, proc.pid, sig)
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    _signal(tree, proc.pid, signal.SIGKILL)  # whatever outlived its parent
+
+    def listed(told: set[int]) -> list[int]:
+        parents = _live()
+        roots = {proc.pid} | told
+        return [pid for pid in roots if pid in parents] + _descendants(roots, parents)
+
+    _end(listed, group=proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILLed; only a process stuck in the kernel is left
+        proc.wait(5)
 
 
 def start_watched(cmd: list[str], **popen) -> subprocess.Popen:
@@ -123,23 +159,8 @@ def _unblock_sigterm() -> None:
 
 
 def _end_descendants(wait: float = 10) -> None:
-    """SIGTERM every live descendant of this process, those it starts meanwhile too, then SIGKILL
-    those left after ``wait`` seconds."""
-
-    def kill(pid: int, sig: int) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-    deadline, told = time.monotonic() + wait, set()
-    while (left := process_tree(os.getpid())[1:]) and time.monotonic() < deadline:
-        for pid in set(left) - told:
-            kill(pid, signal.SIGTERM)
-            told.add(pid)
-        time.sleep(0.05)
-    for pid in process_tree(os.getpid())[1:]:
-        kill(pid, signal.SIGKILL)
+    """End every live descendant of this process, those it starts meanwhile too (:func:`_end`)."""
+    _end(lambda told: process_tree(os.getpid())[1:], wait=wait)
 
 
 def main() -> None:

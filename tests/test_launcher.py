@@ -273,3 +273,30 @@ def test_a_second_sigterm_does_not_cut_the_watchers_stop_short():
     watcher.terminate()
     watcher.wait(60)
     assert _running(marker) == []
+
+
+def test_stop_ends_what_a_process_starts_while_it_stops():
+    """A server that starts a process in a session of its own on SIGTERM (a last export, a
+    shutdown hook) and exits: that process is outside the group and was not there when stop()
+    began; stop() still ends it."""
+    from pflower.processes import stop
+
+    marker = f"sleep 1000.{os.getpid()}4"
+    proc = subprocess.Popen(["sh", "-c", f"trap 'setsid {marker} & sleep 1; exit 0' TERM; sleep 1000 & wait"], start_new_session=True)
+    _watcher_tree(proc.pid, 2)
+    stop(proc)
+    assert proc.returncode == 0 and _running(marker) == []
+
+
+def test_stop_kills_a_descendant_that_ignores_sigterm_and_outlives_its_parent():
+    from pflower.processes import process_tree, stop
+
+    marker = f"sleep 1000.{os.getpid()}5"
+    proc = subprocess.Popen(["sh", "-c", f"setsid sh -c \"trap '' TERM; {marker}; true\" & sleep 1000; true"], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not any(_cmdline(pid).startswith(marker) for pid in process_tree(proc.pid)):  # the sleep that ignores SIGTERM
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    started = time.monotonic()
+    stop(proc)
+    assert _running(marker) == [] and time.monotonic() - started < 15
