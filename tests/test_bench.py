@@ -547,6 +547,17 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
                 assert made.read_bytes() == kept.read_bytes(), f"{kept} is not what its records draw"
 
 
+def test_fedbns_per_client_tables_come_from_the_committed_swap_records(monkeypatch):
+    """The FedBN page's per-client tables (own against averaged normalization layers) are what
+    bench/fedbn_shift.py makes from the committed records alone, byte for byte."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from fedbn_shift import tables
+
+    page = (ROOT / "docs" / "reproductions" / "fedbn.md").read_text()
+    block = page.split("<!-- mechanism:fedbn-shift:start -->\n", 1)[1].split("<!-- mechanism:fedbn-shift:end -->", 1)[0]
+    assert block == tables(RECORDS, "fedbn-shift", "fedbn")
+
+
 def _drawn_by(png):
     """The matplotlib version a PNG's Software chunk names (figures from another version differ in their bytes)."""
     from PIL import Image
@@ -605,7 +616,7 @@ def _unrecorded_tables(text: str) -> list[str]:
     decimal number in its body) whose preceding paragraph does not say "No record yet"."""
     import re
 
-    text = re.sub(r"<!-- (bench|headline):([a-z0-9-]+):start -->.*?<!-- \1:\2:end -->", "", text, flags=re.S)
+    text = re.sub(r"<!-- (bench|headline|mechanism):([a-z0-9-]+):start -->.*?<!-- \1:\2:end -->", "", text, flags=re.S)
     found, lines = [], text.split("\n")
     for k, line in enumerate(lines):
         if line.startswith("|") and k + 1 < len(lines) and re.fullmatch(r"\|[\s:|-]+\|", lines[k + 1]) and not lines[k - 1].startswith("|"):

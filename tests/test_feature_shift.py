@@ -64,13 +64,18 @@ def test_node_data_has_no_feature_shift():
         load_settings(run_config(dataset="node", feature_shift="noise"))
 
 
-def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path, capsys, monkeypatch):
-    """FedBN on feature shift in process; bench/fedbn_shift.py rebuilds each client's final
-    model from the run's results-dir (its own normalization layers: the accuracy it reported)."""
+def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path, monkeypatch):
+    """FedBN on feature shift in process; bench/fedbn_shift.py rebuilds each client's final model
+    from the run's results-dir (its own normalization layers score what its record says), writes
+    a swap record tied to the run's record, and tables it from the records alone; a results-dir
+    of another run, or a run record changed after its swap record, is refused."""
     from conftest import ROOT
 
+    from pflower.bench import make_record
+
     cfg = run_config(method="fedbn", model="cnn-bn", partition="iid", feature_shift="mixed", num_server_rounds=2, local_epochs=1)
-    run = tmp_path / "fedbn-shift" / "feature-shift" / "fedbn" / "seed0"  # as pflower-bench lays out its results
+    results, records = tmp_path / "results", tmp_path / "records"
+    run = results / "fedbn-shift" / "feature-shift" / "fedbn" / "seed0"  # as pflower-bench lays out its results and records
     in_process_rounds(cfg, run)
     doc = json.loads((run / "metrics.json").read_text())
     s = load_settings(cfg)
@@ -79,8 +84,28 @@ def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path, c
     assert np.sum(list(doc["client-label-counts"].values())) == 1797  # the whole pool
     assert (run / "partition.png").stat().st_size > 5000
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    from fedbn_shift import own_and_averaged, report
+    from fedbn_shift import main, measure, own_and_averaged, tables
 
     own, averaged, _ = own_and_averaged(s, 3, run)
     assert own == pytest.approx([doc["final"]["per-client-accuracy"][str(c)] for c in range(3)])
-    assert report(tmp_path, "fedbn-shift", "fedbn") == 1 and "| 0 | " + doc["client-domains"]["0"] in capsys.readouterr().out
+    assert tables(records, "fedbn-shift", "fedbn").startswith("No record yet: `pflower-bench fedbn-shift`")
+    record = records / "fedbn-shift" / "feature-shift" / "fedbn" / "seed0.json"
+    record.parent.mkdir(parents=True)
+    made = make_record(doc, 10.0, 3)
+    record.write_text(json.dumps({**made, "final": {**made["final"], "per-client-accuracy": {**made["final"]["per-client-accuracy"], "1": 0.5}}}))
+    with pytest.raises(SystemExit, match=r"seed0 is not the run of .*seed0.json: client 1's final model scores .* the record says 0.5"):
+        measure(results, records, "fedbn-shift", "fedbn")
+    record.write_text(json.dumps(made))
+    page = tmp_path / "fedbn.md"
+    page.write_text("# FedBN\n<!-- mechanism:fedbn-shift:start -->\nstale\n<!-- mechanism:fedbn-shift:end -->\nafter\n")
+    args = ["--records", str(records), "--page", str(page)]
+    assert main(["--from-results", str(results), *args]) == 0
+    swap = json.loads((record.parent / "swap-seed0.json").read_text())
+    assert swap["own"] == own and swap["mean"] == averaged and swap["machine"]["flwr"] == "1.39.0"
+    table = tables(records, "fedbn-shift", "fedbn")
+    assert f"| 0 | {doc['client-domains']['0']} | {own[0]:.4f} | {averaged[0]:.4f} |" in table
+    assert page.read_text() == f"# FedBN\n<!-- mechanism:fedbn-shift:start -->\n{table}<!-- mechanism:fedbn-shift:end -->\nafter\n"
+    assert main(args) == 0 and page.read_text().count(table) == 1  # again from the records alone: the same page
+    record.write_text(json.dumps(made, indent=2))
+    with pytest.raises(SystemExit, match="swap-seed0.json was measured against another seed0.json"):
+        tables(records, "fedbn-shift", "fedbn")
