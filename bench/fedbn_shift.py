@@ -149,7 +149,7 @@ def tables(records: Path, suite: str, method: str) -> str:
             machines[machine_name(swap["machine"])] += 1
         if not rows:
             continue
-        lines = [f"#### {folder.parent.name}: {len(spreads)} seed{'s' if len(spreads) > 1 else ''}, each client's test accuracy (mean over seeds)", "",
+        lines = [f"#### {folder.parent.name}: {method}'s own normalization layers against all clients' mean, {len(spreads)} seed{'s' if len(spreads) > 1 else ''}", "",
                  "| client | domain | own normalization | all clients' mean | difference |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
         for c, r in rows.items():
             own_c, mean_c = np.mean(r["own"]), np.mean(r["mean"])
@@ -157,7 +157,9 @@ def tables(records: Path, suite: str, method: str) -> str:
         own_all = np.mean([v for r in rows.values() for v in r["own"]])
         mean_all = np.mean([v for r in rows.values() for v in r["mean"]])
         lines += [f"| all | | {own_all:.4f} | {mean_all:.4f} | {own_all - mean_all:+.4f} |", ""]
-        lines.append(f"The clients' BatchNorm running means differ by {np.mean(spreads):.1%} of their norm (std over clients, mean over layers and seeds).")
+        lines.append(
+            f"Each client's test accuracy, mean over seeds. The clients' BatchNorm running means differ by {np.mean(spreads):.1%} of their norm (std over clients, mean over layers and seeds)."
+        )
         lines += ["", "Measured on: " + "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in sorted(machines.items())) + "."]
         parts.append("\n".join(lines) + "\n")
     if not parts:
