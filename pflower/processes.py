@@ -57,28 +57,31 @@ def wait_for_port(proc: subprocess.Popen, name: str, host: str, port: int, detai
         time.sleep(0.2)
 
 
-def _live() -> dict[int, int]:
-    """Every live process (zombies left out) and its parent, read from /proc."""
-    parents = {}
+def _live() -> dict[int, tuple[int, int]]:
+    """Every live process (zombies left out): its parent and its start time (clock ticks after
+    boot), read from /proc. A pid and its start time name one process, even once the pid is reused."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                state, ppid, started = fields[0], int(fields[1]), int(fields[19])
             except (OSError, IndexError, ValueError):
                 continue
             if state != "Z":
-                parents[int(entry.name)] = int(ppid)
-    return parents
+                found[int(entry.name)] = (ppid, started)
+    return found
 
 
-def _descendants(roots: set[int], parents: dict[int, int]) -> list[int]:
-    """The descendants of ``roots`` among ``parents`` (a process and its parent), each once."""
+def _descendants(roots: set[int], live: dict[int, tuple[int, int]]) -> list[int]:
+    """The descendants of ``roots`` among ``live`` (:func:`_live`), each once."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
+    for pid, (ppid, _) in live.items():
         children.setdefault(ppid, []).append(pid)
-    tree, todo = [], list(roots)
+    tree, seen, todo = [], set(roots), list(roots)
     while todo:
-        found = [pid for pid in children.get(todo.pop(), []) if pid not in roots and pid not in tree]
+        found = [pid for pid in children.get(todo.pop(), []) if pid not in seen]
+        seen.update(found)
         tree.extend(found)
         todo.extend(found)
     return tree
@@ -92,50 +95,71 @@ def process_tree(root: int) -> list[int]:
 def _kill(pid: int, sig: int, group: bool = False) -> None:
     try:
         (os.killpg if group else os.kill)(pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or the pid is another user's now
         pass
 
 
-def _end(listed: Callable[[set[int]], list[int]], group: int | None = None, wait: float = 10) -> None:
+#: How long the processes being ended get after SIGTERM before SIGKILL.
+GRACE = 10.0
+
+Processes = dict[int, int]  # pid -> start time: processes told to end, each named for good
+
+
+def _end(listed: Callable[[Processes], Processes], group: int | None = None, wait: float = GRACE) -> None:
     """SIGTERM ``group`` and each process ``listed(told)`` names, asking it again every 50 ms so
-    that processes started meanwhile are told too, until it names none or ``wait`` seconds pass;
-    then SIGKILL the group and those it names. ``told``: the processes signalled so far, whose
-    descendants a listing can follow after their parent is gone."""
-    deadline, told = time.monotonic() + wait, set()
+    that processes started meanwhile are told too, until it names none or ``wait`` seconds pass.
+    Then SIGSTOP the group and what the listing names until it names nothing new (a stopped
+    process starts nothing), and SIGKILL them all. ``told``: the processes signalled so far, by
+    pid and start time, whose descendants a listing can follow after their parent is gone (a pid
+    reused meanwhile names another process, which the listing leaves alone)."""
+    deadline, told = time.monotonic() + wait, {}
     left = listed(told)  # before the first signal: a parent it ends at once orphans the rest
     if group is not None:
         _kill(group, signal.SIGTERM, group=True)
     while left and time.monotonic() < deadline:
-        for pid in set(left) - told:
+        for pid in left.keys() - told.keys():
             _kill(pid, signal.SIGTERM)
-            told.add(pid)
+            told[pid] = left[pid]
         time.sleep(0.05)
         left = listed(told)
     if group is not None:
+        _kill(group, signal.SIGSTOP, group=True)
+    stopped: Processes = {}
+    for _ in range(100):  # a process that keeps moving to a new pid could otherwise hold this here
+        if not (new := {pid: t for pid, t in listed({**told, **stopped}).items() if pid not in stopped}):
+            break
+        for pid in new:
+            _kill(pid, signal.SIGSTOP)
+        stopped.update(new)
+    if group is not None:
         _kill(group, signal.SIGKILL, group=True)
-    for pid in listed(told):
+    for pid in stopped:
         _kill(pid, signal.SIGKILL)
+
+
+def _tree_of(roots: set[int], told: Processes) -> Processes:
+    """The live processes among ``roots`` and ``told`` (still the same process), and their
+    descendants, with their start times."""
+    live = _live()
+    held = {pid for pid in roots if pid in live} | {pid for pid, t in told.items() if live.get(pid, (0, -1))[1] == t}
+    return {pid: live[pid][1] for pid in [*held, *_descendants(held, live)] if pid in live}
 
 
 def stop(proc: subprocess.Popen) -> None:
     """Stop a process started with ``start_new_session``, its process group and its descendants,
-    those it starts while it stops too; SIGKILL after 10 s for what is left.
+    those it starts while it stops too: SIGTERM, and SIGKILL for what is left after
+    :data:`GRACE` seconds.
 
     Descendants outside the group count too: a SuperLink's simulation runs in a session of its
-    own and would otherwise linger until it notices the SuperLink is gone, and a descendant
-    orphaned while the process stops is still followed. If the process has already exited, what
-    is left of its group is killed.
+    own and would otherwise linger until it notices the SuperLink is gone; a descendant seen once
+    is followed after its parent is gone. One started and orphaned between two looks (every
+    50 ms) is out of reach: only a subreaper sees it, as :func:`start_watched`'s watcher is. If
+    the process has already exited, what is left of its group is killed.
     """
     if proc.poll() is not None:
         _kill(proc.pid, signal.SIGKILL, group=True)
         return
-
-    def listed(told: set[int]) -> list[int]:
-        parents = _live()
-        roots = {proc.pid} | told
-        return [pid for pid in roots if pid in parents] + _descendants(roots, parents)
-
-    _end(listed, group=proc.pid)
+    _end(lambda told: _tree_of({proc.pid}, told), group=proc.pid, wait=GRACE)  # proc's pid is ours until it is reaped
     with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILLed; only a process stuck in the kernel is left
         proc.wait(5)
 
@@ -158,9 +182,10 @@ def _unblock_sigterm() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def _end_descendants(wait: float = 10) -> None:
-    """End every live descendant of this process, those it starts meanwhile too (:func:`_end`)."""
-    _end(lambda told: process_tree(os.getpid())[1:], wait=wait)
+def _end_descendants(wait: float = GRACE) -> None:
+    """End every live descendant of this process, those it starts meanwhile too (:func:`_end`);
+    as their subreaper it sees every one, orphaned or not."""
+    _end(lambda told: {pid: t for pid, t in _tree_of({os.getpid()}, {}).items() if pid != os.getpid()}, wait=wait)
 
 
 def main() -> None:

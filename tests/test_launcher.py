@@ -239,9 +239,9 @@ def test_a_watcher_stopped_while_its_command_starts_leaves_nothing():
     assert left == []
 
 
-def _running(marker: str) -> list[int]:
-    """Live processes whose command line has ``marker``, once none is left or after 30 s."""
-    deadline = time.monotonic() + 30
+def _running(marker: str, wait: float = 30) -> list[int]:
+    """Live processes whose command line has ``marker``, once none is left or after ``wait`` s."""
+    deadline = time.monotonic() + wait
     while (left := [int(p) for p in os.listdir("/proc") if p.isdigit() and marker in _cmdline(int(p)) and _alive(int(p))]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
@@ -288,9 +288,11 @@ def test_stop_ends_what_a_process_starts_while_it_stops():
     assert proc.returncode == 0 and _running(marker) == []
 
 
-def test_stop_kills_a_descendant_that_ignores_sigterm_and_outlives_its_parent():
+def test_stop_kills_a_descendant_that_ignores_sigterm_and_outlives_its_parent(monkeypatch):
+    from pflower import processes
     from pflower.processes import process_tree, stop
 
+    monkeypatch.setattr(processes, "GRACE", 1.0)
     marker = f"sleep 1000.{os.getpid()}5"
     proc = subprocess.Popen(["sh", "-c", f"setsid sh -c \"trap '' TERM; {marker}; true\" & sleep 1000; true"], start_new_session=True)
     deadline = time.monotonic() + 30
@@ -299,4 +301,38 @@ def test_stop_kills_a_descendant_that_ignores_sigterm_and_outlives_its_parent():
         time.sleep(0.05)
     started = time.monotonic()
     stop(proc)
-    assert _running(marker) == [] and time.monotonic() - started < 15
+    assert _running(marker) == [] and time.monotonic() - started < 5
+
+
+def test_stop_ends_a_process_that_keeps_starting_others_that_ignore_sigterm(monkeypatch):
+    """SIGTERM-proof processes that keep forking new ones into sessions of their own: after the
+    grace time each is stopped (SIGSTOP) before any is killed, so none forks after the last look."""
+    from pflower import processes
+    from pflower.processes import stop
+
+    monkeypatch.setattr(processes, "GRACE", 1.0)
+    marker = f"sleep 1000.{os.getpid()}6"
+    forker = f"import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    if os.fork() == 0:\n        os.setsid()\n        os.execvp('sleep', {marker.split()!r})\n    time.sleep(0.02)\n"
+    proc = subprocess.Popen([sys.executable, "-c", forker], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(_running(marker, wait=0)) < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    stop(proc)
+    assert _running(marker) == []
+
+
+def test_a_process_is_followed_by_pid_and_start_time():
+    """A pid told to stop names that process only: once it is gone and the pid is reused, the
+    listing leaves the new process and its children alone."""
+    from pflower.processes import _live, _tree_of, process_tree
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 1000 & wait"], start_new_session=True)
+    try:
+        _watcher_tree(proc.pid, 2)
+        started = _live()[proc.pid][1]
+        assert set(_tree_of(set(), {proc.pid: started})) == set(process_tree(proc.pid))
+        assert _tree_of(set(), {proc.pid: started - 1}) == {}  # the same pid, another process
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
