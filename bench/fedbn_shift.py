@@ -1,7 +1,7 @@
 """FedBN's mechanism: the final FedBN models of the ``fedbn-shift`` suite (``pflower-bench
 fedbn-shift``) evaluated on each client's test split with its own normalization layers (what
-FedBN runs) and with the mean of all clients' (what FedAvg would hold), per client and its
-domain, on feature shift and on label shift.
+FedBN runs) and with the mean of all clients' (what FedAvg would hold), per kind of domain (a
+client's domain depends on the seed), on feature shift and on label shift.
 
     .venv/bin/python bench/fedbn_shift.py [--page docs/reproductions/fedbn.md]
     .venv/bin/python bench/fedbn_shift.py --from-results bench/results [--page ...]
@@ -9,7 +9,8 @@ domain, on feature shift and on label shift.
 The tables come from swap records (``swap-seed<k>.json`` beside each run's record in
 ``bench/records/<suite>/<grid>/<method>/``), committed like the runs' records. Each names the
 run record it was measured against (its SHA-256) and the machine that measured it; a swap record
-whose run record has changed since is refused. ``--from-results`` measures them first from the
+whose run record has changed since, or is not of a run the suite declares now, is refused;
+the tables say when some recorded seeds have no swap record. ``--from-results`` measures them first from the
 runs' results-dirs (``<results>/<suite>/<grid>/<method>/seed<k>``, not kept: records hold no
 models): ``metrics.json``, the server's final global model in ``checkpoint.pt`` and each client's
 last saved state under ``client-state/``. A client's final model is its saved personal state
@@ -30,13 +31,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflower.bench import machine, machine_name, write_block
+from pflower.bench import Run, load_record, load_suite, machine, machine_name, seeds_cell, write_block
 from pflower.build import build_model
 from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
 from pflower.datasets import client_data
 from pflower.models.layers import norm_keys
 from pflower.records import from_record
+from pflower.results import write_json
 from pflower.training import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,8 +78,18 @@ def own_and_averaged(settings, n: int, run: Path) -> tuple[list[float], list[flo
     return own, mean, spread
 
 
-def _record(records: Path, suite: str, grid: str, method: str, seed: int) -> Path:
-    return records / suite / grid / method / f"seed{seed}.json"
+SUITES = ROOT / "bench" / "suites.toml"
+
+
+def _declared(suites: Path, suite: str, method: str) -> dict[str, list[Run]]:
+    """The suite's runs labelled ``method``, grid by grid, as it declares them now."""
+    grids: dict[str, list[Run]] = {}
+    for run in load_suite(suites, suite)[1]:
+        if run.label == method:
+            grids.setdefault(run.grid, []).append(run)
+    if not grids:
+        raise SystemExit(f"suite '{suite}' of {suites} declares no run labelled '{method}'")
+    return grids
 
 
 def _swap(record: Path) -> Path:
@@ -88,79 +100,89 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def measure(results: Path, records: Path, suite: str, method: str) -> int:
-    """Write the swap record of every finished ``method`` run of ``suite`` under ``results`` that
-    has its run record under ``records``; how many it wrote. SystemExit for a results-dir that is
-    not its record's run."""
-    written = 0
-    for run in sorted((results / suite).glob(f"*/{method}/seed*")):
-        if not run.name[4:].isdigit():
-            continue
-        record = _record(records, suite, run.parent.parent.name, method, int(run.name[4:]))
-        if not (run / "checkpoint.pt").is_file() or not record.is_file():
-            continue
-        doc, kept = json.loads((run / "metrics.json").read_text()), json.loads(record.read_text())
-        started = time.monotonic()
-        n = doc["num-clients"]
-        own, mean, spread = own_and_averaged(load_settings({k: v for k, v in doc["config"].items() if k != "results-dir"}), n, run)
-        recorded = kept["final"]["per-client-accuracy"]
-        differ = [c for c in range(n) if abs(own[c] - recorded.get(str(c), -1.0)) > 1e-6]
-        if n != kept["num-clients"] or differ:
-            why = (
-                f"client {differ[0]}'s final model scores {own[differ[0]]:.4f} with its own normalization layers, the record says {recorded.get(str(differ[0]), 'nothing')}"
-                if differ
-                else f"{n} clients, the record {kept['num-clients']}"
-            )
-            raise SystemExit(f"{run} is not the run of {record}: {why}; run `pflower-bench {suite}` again")
-        swap = {
-            "run-record": _sha256(record),
-            "own": own,
-            "mean": mean,
-            "spread": spread,
-            "machine": machine(),
-            "wall-seconds": round(time.monotonic() - started, 1),
-        }
-        part = _swap(record).with_suffix(".tmp")
-        part.write_text(json.dumps(swap, indent=1) + "\n")
-        part.replace(_swap(record))  # whole or not at all
-        written += 1
-    return written
+def measure(results: Path, records: Path, suite: str, method: str, suites: Path = SUITES) -> tuple[int, list[str]]:
+    """Write the swap record of every declared ``method`` run of ``suite`` whose results-dir under
+    ``results`` finished (metrics.json and checkpoint.pt) and whose record under ``records`` is of
+    the run as declared; how many it wrote, and why it skipped the finished ones it skipped.
+    SystemExit for a results-dir whose models are not its record's."""
+    written, skipped = 0, []
+    for runs in _declared(suites, suite, method).values():
+        for run in runs:
+            folder = run.directory(results, suite)
+            if not (folder / "metrics.json").is_file() or not (folder / "checkpoint.pt").is_file():
+                continue
+            if (kept := load_record(run, records, suite)) is None:
+                skipped.append(f"{folder}: no record of this run under {records} (`pflower-bench {suite}` writes it)")
+                continue
+            record = run.record(records, suite)
+            started, n = time.monotonic(), kept["num-clients"]
+            own, mean, spread = own_and_averaged(load_settings({k: v for k, v in kept["config"].items() if k != "results-dir"}), n, folder)
+            recorded = kept["final"]["per-client-accuracy"]
+            if differ := [c for c in range(n) if abs(own[c] - recorded.get(str(c), -1.0)) > 1e-6]:
+                c = differ[0]
+                raise SystemExit(f"{folder} does not hold the models of {record}: client {c} scores {own[c]:.4f} with its own normalization "
+                                 f"layers, the record says {recorded.get(str(c), 'nothing')} (another run, or a machine that rounds differently: "
+                                 f"measure on the machine that made the record)")  # fmt: skip
+            swap = {"run-record": _sha256(record), "own": own, "mean": mean, "spread": spread, "machine": machine(),
+                    "wall-seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+            write_json(_swap(record), swap, indent=1)
+            written += 1
+    return written, skipped
 
 
-def tables(records: Path, suite: str, method: str) -> str:
-    """One table per grid of ``suite`` whose ``method`` runs have swap records: each client's
-    accuracy with its own normalization layers and with all clients' mean (mean over seeds)."""
+def _domain_rows(pairs: list[tuple[str, float, float]]) -> list[str]:
+    """Table rows from (domain, own, mean) of every client of every seed, one row per kind of
+    domain (a client's domain depends on the seed, so rows are domains, not client ids)."""
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    for domain, own, mean in pairs:
+        groups.setdefault(domain.split()[0] if domain else "", []).append((domain, own, mean))
+    rows = []
+    for kind, group in sorted(groups.items()):
+        names = sorted({d for d, _, _ in group})
+        label = "none (inputs as they are)" if not kind else names[0] if len(names) == 1 else f"{kind} ({len(names)} settings)"
+        own, mean = np.mean([o for _, o, _ in group]), np.mean([m for _, _, m in group])
+        largest = max((o - m for _, o, m in group), key=abs)
+        rows.append(f"| {label} | {len(group)} | {own:.4f} | {mean:.4f} | {own - mean:+.4f} | {largest:+.4f} |")
+    return rows
+
+
+def tables(records: Path, suite: str, method: str, suites: Path = SUITES) -> str:
+    """One table per grid of ``suite`` whose recorded ``method`` runs have swap records: the
+    test accuracy of the clients of each kind of domain with their own normalization layers and
+    with all clients' mean. SystemExit for a swap record whose run record changed or is not of
+    the suite as declared now."""
     parts = []
-    for folder in sorted(p for p in (records / suite).glob(f"*/{method}") if p.is_dir()):
-        rows: dict[int, dict] = {}
-        spreads, machines = [], Counter()
-        for swap_path in sorted(folder.glob("swap-seed*.json")):
-            record = folder / swap_path.name.removeprefix("swap-")
-            swap = json.loads(swap_path.read_text())
-            if not record.is_file() or swap["run-record"] != _sha256(record):
-                raise SystemExit(f"{swap_path} was measured against another {record.name}; measure it again: "
-                                 f"`.venv/bin/python bench/fedbn_shift.py --from-results RESULTS` after `pflower-bench {suite}`")  # fmt: skip
-            domains = json.loads(record.read_text()).get("client-domains", {})
-            for c, (own, mean) in enumerate(zip(swap["own"], swap["mean"], strict=True)):
-                row = rows.setdefault(c, {"domain": domains.get(str(c), ""), "own": [], "mean": []})
-                row["own"].append(own)
-                row["mean"].append(mean)
+    for grid, runs in _declared(suites, suite, method).items():
+        folder, pairs, seeds, spreads, machines = records / suite / grid / method, [], [], [], Counter()
+        declared = {_swap(run.record(records, suite)): run for run in runs}
+        for path in sorted(folder.glob("swap-*.json")):
+            run = declared.get(path)
+            doc = load_record(run, records, suite) if run is not None else None
+            if doc is None:
+                raise SystemExit(f"{path} has no record of a run of '{suite}' as declared now beside it: remove it, or run "
+                                 f"`pflower-bench {suite}` and measure again with --from-results")  # fmt: skip
+            swap = json.loads(path.read_text())
+            if swap.get("run-record") != _sha256(run.record(records, suite)) or len(swap["own"]) != doc["num-clients"]:
+                raise SystemExit(f"{path} was measured against another version of {run.record(records, suite).name}: "
+                                 f"measure it again with `.venv/bin/python bench/fedbn_shift.py --from-results RESULTS`")  # fmt: skip
+            domains = doc.get("client-domains", {})
+            pairs += [(domains.get(str(c), ""), o, m) for c, (o, m) in enumerate(zip(swap["own"], swap["mean"], strict=True))]
+            seeds.append((np.mean(swap["own"]), np.mean(swap["mean"])))
             spreads.append(swap["spread"])
             machines[machine_name(swap["machine"])] += 1
-        if not rows:
+        if not seeds:
             continue
-        lines = [f"#### {folder.parent.name}: {method}'s own normalization layers against all clients' mean, {len(spreads)} seed{'s' if len(spreads) > 1 else ''}", "",
-                 "| client | domain | own normalization | all clients' mean | difference |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
-        for c, r in rows.items():
-            own_c, mean_c = np.mean(r["own"]), np.mean(r["mean"])
-            lines.append(f"| {c} | {r['domain'] or '-'} | {own_c:.4f} | {mean_c:.4f} | {own_c - mean_c:+.4f} |")
-        own_all = np.mean([v for r in rows.values() for v in r["own"]])
-        mean_all = np.mean([v for r in rows.values() for v in r["mean"]])
-        lines += [f"| all | | {own_all:.4f} | {mean_all:.4f} | {own_all - mean_all:+.4f} |", ""]
-        lines.append(
-            f"Each client's test accuracy, mean over seeds. The clients' BatchNorm running means differ by {np.mean(spreads):.1%} of their norm (std over clients, mean over layers and seeds)."
-        )
-        lines += ["", "Measured on: " + "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in sorted(machines.items())) + "."]
+        lines = [f"#### {grid}: {method}'s own normalization layers against all clients' mean, seeds: {seeds_cell(len(seeds), len(runs))}", "",
+                 "| domain | clients × seeds | own normalization | all clients' mean | difference | largest for a client |",
+                 "| --- | --- | --- | --- | --- | --- |", *_domain_rows(pairs)]  # fmt: skip
+        own_all, mean_all = np.mean([o for _, o, _ in pairs]), np.mean([m for _, _, m in pairs])
+        if len(lines) > 5:
+            lines.append(f"| all | {len(pairs)} | {own_all:.4f} | {mean_all:.4f} | {own_all - mean_all:+.4f} | |")
+        lines += ["", f"Test accuracy, mean over clients and seeds; by seed, {' / '.join(f'{o:.4f}' for o, _ in seeds)} with their own "
+                  f"normalization layers and {' / '.join(f'{m:.4f}' for _, m in seeds)} with the mean. The clients' BatchNorm running means "
+                  f"differ by {np.mean(spreads):.1%} of their norm (std over clients, mean over layers and seeds)."]  # fmt: skip
+        made = sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines += ["", "Measured on: " + "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in made) + "."]
         parts.append("\n".join(lines) + "\n")
     if not parts:
         return f"No record yet: `pflower-bench {suite}`, then `.venv/bin/python bench/fedbn_shift.py --from-results bench/results`.\n"
@@ -172,16 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, default=ROOT / "bench" / "records", help="the runs' records and swap records (default: bench/records)")
     p.add_argument("--from-results", type=Path, metavar="RESULTS", help="measure the swap records first, from the suite's results-dirs under RESULTS")
     p.add_argument("--page", type=Path, help="write the tables into this page's <!-- mechanism:SUITE:start/end --> block")
+    p.add_argument("--file", type=Path, default=SUITES, help="the suites file (default: bench/suites.toml)")
     p.add_argument("--suite", default="fedbn-shift", help="the suite (default: fedbn-shift)")
     p.add_argument("--method", default="fedbn", help="the method's label in the suite (default: fedbn)")
     args = p.parse_args(argv)
+    records = args.records.resolve()
     if args.from_results is not None:
-        written = measure(args.from_results.resolve(), args.records.resolve(), args.suite, args.method)
-        print(f"{written} swap record(s) written under {args.records / args.suite}")
+        written, skipped = measure(args.from_results.resolve(), records, args.suite, args.method, args.file)
+        for why in skipped:
+            print(f"skipped {why}")
+        print(f"{written} swap record(s) written under {records / args.suite}")
         if not written:
-            print(f"no finished '{args.method}' run of suite '{args.suite}' under {args.from_results} with its record under {args.records}")
+            print(f"no finished '{args.method}' run of suite '{args.suite}' under {args.from_results} with its record under {records}")
             return 1
-    text = tables(args.records.resolve(), args.suite, args.method)
+    text = tables(records, args.suite, args.method, args.file)
     print(text, end="")
     if args.page is not None:
         write_block(args.page, f"mechanism:{args.suite}", text)

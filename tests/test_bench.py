@@ -558,6 +558,11 @@ def test_fedbns_per_client_tables_come_from_the_committed_swap_records(monkeypat
     assert block == tables(RECORDS, "fedbn-shift", "fedbn")
 
 
+def test_the_committed_records_hold_no_part_written_file():
+    """A record is written whole or not at all (a temporary file, then a rename): none is left."""
+    assert [p for p in RECORDS.rglob("*") if p.is_file() and p.suffix != ".json"] == []
+
+
 def _drawn_by(png):
     """The matplotlib version a PNG's Software chunk names (figures from another version differ in their bytes)."""
     from PIL import Image

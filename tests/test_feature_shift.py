@@ -64,17 +64,34 @@ def test_node_data_has_no_feature_shift():
         load_settings(run_config(dataset="node", feature_shift="noise"))
 
 
+SWAP_SUITE = """
+[fedbn-shift]
+seeds = [0, 1]
+[fedbn-shift.common]
+model = "cnn-bn"
+num-server-rounds = 2
+local-epochs = 1
+[[fedbn-shift.grid]]
+name = "feature-shift"
+clients = 3
+config = { partition = "iid", feature-shift = "mixed" }
+methods = ["fedbn"]
+"""
+
+
 def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path, monkeypatch):
     """FedBN on feature shift in process; bench/fedbn_shift.py rebuilds each client's final model
     from the run's results-dir (its own normalization layers score what its record says), writes
-    a swap record tied to the run's record, and tables it from the records alone; a results-dir
-    of another run, or a run record changed after its swap record, is refused."""
+    a swap record tied to the run's record, and tables it by domain from the records alone; a
+    results-dir of another run, a run record changed after its swap record, or a swap record of
+    no declared run is refused."""
     from conftest import ROOT
 
     from pflower.bench import make_record
 
     cfg = run_config(method="fedbn", model="cnn-bn", partition="iid", feature_shift="mixed", num_server_rounds=2, local_epochs=1)
-    results, records = tmp_path / "results", tmp_path / "records"
+    results, records, suites = tmp_path / "results", tmp_path / "records", tmp_path / "suites.toml"
+    suites.write_text(SWAP_SUITE)
     run = results / "fedbn-shift" / "feature-shift" / "fedbn" / "seed0"  # as pflower-bench lays out its results and records
     in_process_rounds(cfg, run)
     doc = json.loads((run / "metrics.json").read_text())
@@ -88,24 +105,36 @@ def test_a_run_records_each_clients_domain_and_labels_and_draws_them(tmp_path, m
 
     own, averaged, _ = own_and_averaged(s, 3, run)
     assert own == pytest.approx([doc["final"]["per-client-accuracy"][str(c)] for c in range(3)])
-    assert tables(records, "fedbn-shift", "fedbn").startswith("No record yet: `pflower-bench fedbn-shift`")
+    assert tables(records, "fedbn-shift", "fedbn", suites).startswith("No record yet: `pflower-bench fedbn-shift`")
+    assert measure(results, records, "fedbn-shift", "fedbn", suites) == (
+        0,
+        [f"{run}: no record of this run under {records} (`pflower-bench fedbn-shift` writes it)"],
+    )
     record = records / "fedbn-shift" / "feature-shift" / "fedbn" / "seed0.json"
     record.parent.mkdir(parents=True)
     made = make_record(doc, 10.0, 3)
     record.write_text(json.dumps({**made, "final": {**made["final"], "per-client-accuracy": {**made["final"]["per-client-accuracy"], "1": 0.5}}}))
-    with pytest.raises(SystemExit, match=r"seed0 is not the run of .*seed0.json: client 1's final model scores .* the record says 0.5"):
-        measure(results, records, "fedbn-shift", "fedbn")
+    with pytest.raises(SystemExit, match=r"seed0 does not hold the models of .*seed0.json: client 1 scores .* the record says 0.5"):
+        measure(results, records, "fedbn-shift", "fedbn", suites)
     record.write_text(json.dumps(made))
     page = tmp_path / "fedbn.md"
     page.write_text("# FedBN\n<!-- mechanism:fedbn-shift:start -->\nstale\n<!-- mechanism:fedbn-shift:end -->\nafter\n")
-    args = ["--records", str(records), "--page", str(page)]
+    args = ["--records", str(records), "--page", str(page), "--file", str(suites)]
     assert main(["--from-results", str(results), *args]) == 0
     swap = json.loads((record.parent / "swap-seed0.json").read_text())
     assert swap["own"] == own and swap["mean"] == averaged and swap["machine"]["flwr"] == "1.39.0"
-    table = tables(records, "fedbn-shift", "fedbn")
-    assert f"| 0 | {doc['client-domains']['0']} | {own[0]:.4f} | {averaged[0]:.4f} |" in table
+    table = tables(records, "fedbn-shift", "fedbn", suites)
+    assert "seeds: 1 of 2" in table  # seed 1 has no record: the table says so
+    domains = [doc["client-domains"][str(c)] for c in range(3)]
+    for domain in set(domains):  # a row per domain: its clients' mean with their own layers and with the mean
+        mine = [c for c in range(3) if domains[c] == domain]
+        assert f"| {domain} | {len(mine)} | {np.mean([own[c] for c in mine]):.4f} | {np.mean([averaged[c] for c in mine]):.4f} |" in table
     assert page.read_text() == f"# FedBN\n<!-- mechanism:fedbn-shift:start -->\n{table}<!-- mechanism:fedbn-shift:end -->\nafter\n"
     assert main(args) == 0 and page.read_text().count(table) == 1  # again from the records alone: the same page
+    (record.parent / "swap-seed7.json").write_text("{}")
+    with pytest.raises(SystemExit, match="swap-seed7.json has no record of a run of 'fedbn-shift' as declared now beside it"):
+        tables(records, "fedbn-shift", "fedbn", suites)
+    (record.parent / "swap-seed7.json").unlink()
     record.write_text(json.dumps(made, indent=2))
-    with pytest.raises(SystemExit, match="swap-seed0.json was measured against another seed0.json"):
-        tables(records, "fedbn-shift", "fedbn")
+    with pytest.raises(SystemExit, match="swap-seed0.json was measured against another version of seed0.json"):
+        tables(records, "fedbn-shift", "fedbn", suites)
