@@ -25,13 +25,12 @@ import argparse
 import hashlib
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pflower.bench import Run, load_record, load_suite, machine, machine_name, seeds_cell, write_block
+from pflower.bench import Run, load_record, load_suite, machine, machine_counts, seeds_cell, write_block
 from pflower.build import build_model
 from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
@@ -116,7 +115,8 @@ def measure(results: Path, records: Path, suite: str, method: str, suites: Path 
                 continue
             record = run.record(records, suite)
             started, n = time.monotonic(), kept["num-clients"]
-            own, mean, spread = own_and_averaged(load_settings({k: v for k, v in kept["config"].items() if k != "results-dir"}), n, folder)
+            here = json.loads((folder / "metrics.json").read_text())["config"]  # the run's config with this machine's places
+            own, mean, spread = own_and_averaged(load_settings({k: v for k, v in here.items() if k != "results-dir"}), n, folder)
             recorded = kept["final"]["per-client-accuracy"]
             if differ := [c for c in range(n) if abs(own[c] - recorded.get(str(c), -1.0)) > 1e-6]:
                 c = differ[0]
@@ -153,7 +153,7 @@ def tables(records: Path, suite: str, method: str, suites: Path = SUITES) -> str
     the suite as declared now."""
     parts = []
     for grid, runs in _declared(suites, suite, method).items():
-        folder, pairs, seeds, spreads, machines = records / suite / grid / method, [], [], [], Counter()
+        folder, pairs, seeds, spreads, machines = records / suite / grid / method, [], [], [], []
         declared = {_swap(run.record(records, suite)): run for run in runs}
         for path in sorted(folder.glob("swap-*.json")):
             run = declared.get(path)
@@ -169,20 +169,20 @@ def tables(records: Path, suite: str, method: str, suites: Path = SUITES) -> str
             pairs += [(domains.get(str(c), ""), o, m) for c, (o, m) in enumerate(zip(swap["own"], swap["mean"], strict=True))]
             seeds.append((np.mean(swap["own"]), np.mean(swap["mean"])))
             spreads.append(swap["spread"])
-            machines[machine_name(swap["machine"])] += 1
+            machines.append(swap["machine"])
         if not seeds:
             continue
+        rows = _domain_rows(pairs)
         lines = [f"#### {grid}: {method}'s own normalization layers against all clients' mean, seeds: {seeds_cell(len(seeds), len(runs))}", "",
                  "| domain | clients × seeds | own normalization | all clients' mean | difference | largest for a client |",
-                 "| --- | --- | --- | --- | --- | --- |", *_domain_rows(pairs)]  # fmt: skip
+                 "| --- | --- | --- | --- | --- | --- |", *rows]  # fmt: skip
         own_all, mean_all = np.mean([o for _, o, _ in pairs]), np.mean([m for _, _, m in pairs])
-        if len(lines) > 5:
+        if len(rows) > 1:
             lines.append(f"| all | {len(pairs)} | {own_all:.4f} | {mean_all:.4f} | {own_all - mean_all:+.4f} | |")
         lines += ["", f"Test accuracy, mean over clients and seeds; by seed, {' / '.join(f'{o:.4f}' for o, _ in seeds)} with their own "
                   f"normalization layers and {' / '.join(f'{m:.4f}' for _, m in seeds)} with the mean. The clients' BatchNorm running means "
                   f"differ by {np.mean(spreads):.1%} of their norm (std over clients, mean over layers and seeds)."]  # fmt: skip
-        made = sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))
-        lines += ["", "Measured on: " + "; ".join(f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in made) + "."]
+        lines += ["", machine_counts("Measured on", machines)]
         parts.append("\n".join(lines) + "\n")
     if not parts:
         return f"No record yet: `pflower-bench {suite}`, then `.venv/bin/python bench/fedbn_shift.py --from-results bench/results`.\n"

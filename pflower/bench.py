@@ -611,8 +611,13 @@ def machine_name(m: dict[str, Any] | None) -> str:
 def machines_sentence(rows: list[dict[str, Any]]) -> str:
     """Which machines made a table's records, with how many runs each: another kind of CPU or GPU
     rounds differently, so a rerun elsewhere moves the numbers a little."""
-    made = Counter(machine_name(doc["bench"].get("machine")) for r in rows for doc in r["docs"])
-    return "Runs made on: " + "; ".join(f"{name} ({n} run{'s' if n > 1 else ''})" for name, n in sorted(made.items(), key=lambda kv: (-kv[1], kv[0]))) + "."
+    return machine_counts("Runs made on", [doc["bench"].get("machine") for r in rows for doc in r["docs"]])
+
+
+def machine_counts(start: str, machines: list[dict[str, Any] | None]) -> str:
+    """``start``, then each machine in words (:func:`machine_name`) with how many runs it made, most first."""
+    made = Counter(machine_name(m) for m in machines)
+    return f"{start}: " + "; ".join(f"{name} ({n} run{'s' if n > 1 else ''})" for name, n in sorted(made.items(), key=lambda kv: (-kv[1], kv[0]))) + "."
 
 
 def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) -> str:
