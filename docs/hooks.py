@@ -23,6 +23,8 @@ Markers (anywhere in a page but in a code span):
 - ``<!-- pflower:evaluates -->``: what each method's clients evaluate; ``<!-- pflower:evaluates NAME -->``: NAME's
 - ``<!-- pflower:code NAME -->``: where method NAME's declaration, client and server code live
 - ``<!-- pflower:example NAME -->``: a short measured run of NAME's declared ``example`` (see :func:`example`)
+- ``<!-- pflower:records NAME -->``: every recorded run of method NAME in the benchmark suites
+  (:func:`pflower.method_records.method_records_markdown`)
 - ``<!-- pflower:include PATH -->``: a file of the repository (PATH from its root) as a code block
 - ``<!-- pflower:docker-test NAME -->``: the README's block marked ``<!-- docker-test: NAME -->``,
   the commands tests/test_docker_demo.py runs word for word
@@ -47,6 +49,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 from pflower import reference
+from pflower.method_records import method_records_markdown
 from pflower.methods import declarations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +115,8 @@ def render(kind: str, arg: str | None, page: str) -> str:
         return reference.method_code(_method(arg, page))
     if kind == "example":
         return example(_method(arg, page))
+    if kind == "records":
+        return method_records_markdown(_method(arg, page), link="../" * page.count("/"))
     if kind == "include":
         return _include(arg, page)
     if kind == "docker-test":

@@ -24,6 +24,8 @@ import os
 import platform
 import re
 import shlex
+import subprocess
+import sys
 import time
 import tomllib
 from collections import Counter
@@ -790,6 +792,20 @@ def write_headlines(suite_name: str | None, suites: Path, records: Path, readme:
     return written
 
 
+def write_generated_pages() -> None:
+    """Rewrite the docs' generated sections, each method page's table of recorded runs among
+    them, after the project's records changed: ``docs/hooks.py --write``, in a checkout that has it."""
+    hooks = DOCS / "hooks.py"
+    if not hooks.is_file():
+        return
+    done = subprocess.run([sys.executable, str(hooks), "--write"], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        print(f"the method pages' tables were not rewritten ({why}): run `{sys.executable} docs/hooks.py --write`", flush=True)
+    else:
+        print(done.stdout, end="", flush=True)
+
+
 def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "bench" / "suites.toml") -> str:
     """A method's docs paragraph: its declared example as the ``examples`` suite recorded it (the
     command that reruns it, and the mean accuracy per evaluated round). A method with no record
@@ -887,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
         readme = args.readme or README
         if names := write_headlines(args.suite, args.file, records, readme):
             print(f"headline tables {', '.join(names)} written into {readme}", flush=True)
+    if kept and args.file.resolve() == SUITES.resolve():
+        write_generated_pages()
     return 0
 
 

@@ -26,6 +26,7 @@ from pflower.bench import (
 )
 from pflower.check import app_run_config
 from pflower.config import load_settings
+from pflower.method_records import method_records_markdown
 from pflower.plots import draw_mechanisms
 from pflower.results import write_json
 
@@ -936,3 +937,66 @@ def test_records_on_other_data_stop_the_suite_even_where_they_are_not_of_the_run
     assert load_record(run, records, "tiny") is None
     with pytest.raises(SystemExit, match="was made on other data than"):
         check_same_data([run], records, "tiny", {data_key(run.config): "b" * 32})
+
+
+# A method page's table of recorded runs: written from the records, for every label of the method.
+METHOD_SUITES = """
+[tiny]
+seeds = [0, 1, 2]
+[tiny.common]
+num-server-rounds = 1
+local-epochs = 1
+[[tiny.grid]]
+name = "g"
+title = "digits, 3 clients"
+clients = 3
+config = { partition = "iid" }
+methods = ["local", "fedavg", "fedprox", { label = "fedprox-mu1", method = "fedprox", fedprox.mu = 1.0 }]
+
+[other]
+seeds = [0]
+[other.common]
+num-server-rounds = 1
+[[other.grid]]
+name = "h"
+clients = 3
+methods = ["fedprox"]
+"""
+#: Final accuracy by label and seed; fedprox-mu1 has no seed 2 yet, `other` has no record.
+METHOD_ACCURACY = {
+    "local": [0.80, 0.90, 0.70],
+    "fedavg": [0.60, 0.70, 0.80],
+    "fedprox": [0.70, 0.60, 0.90],
+    "fedprox-mu1": [0.90, 0.95],
+}
+
+
+def test_a_methods_rows_follow_its_records_in_every_grid(tmp_path):
+    suites = tmp_path / "suites.toml"
+    suites.write_text(METHOD_SUITES)
+    _, runs = load_suite(suites, "tiny")
+    for run in runs:
+        if run.seed < len(METHOD_ACCURACY[run.label]):
+            folder = run.directory(tmp_path / "results", "tiny")
+            folder.mkdir(parents=True)
+            (folder / "metrics.json").write_text(json.dumps(_metrics(run.config, METHOD_ACCURACY[run.label][run.seed])))
+            (folder / "bench.json").write_text(json.dumps({"wall-seconds": 1.0, "clients": 3, "lineage": "0" * 32}))
+    docs = tmp_path / "docs"
+    (docs / "reproductions").mkdir(parents=True)
+    (docs / "reproductions" / "tiny.md").write_text("<!-- bench:tiny:start -->\n<!-- bench:tiny:end -->\n")
+    args = ["--file", str(suites), "--results", str(tmp_path / "results"), "--records", str(tmp_path / "records")]
+    assert main(["tiny", "--report-only", *args, "--page", str(docs / "reproductions" / "tiny.md")]) == 0
+
+    text = method_records_markdown("fedprox", suites, tmp_path / "records", docs)
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    assert rows == [
+        # mean 0.7333 over 0.70 / 0.60 / 0.90; fedavg 0.7, local 0.8: third of four by the mean
+        "| [tiny / g](../reproductions/tiny.md) | `fedprox` | 3 | 0.7333 ± 0.1528 | 2.0 | 3 of 4 | +0.033 (2 of 3 above) | -0.067 (1 of 3 above) |",
+        # two of three seeds: compared over seeds 0 and 1 only (fedavg 0.65, local 0.85 there)
+        "| [tiny / g](../reproductions/tiny.md) | `fedprox-mu1` | 2 of 3 | 0.9250 ± 0.0354 | 2.0 | 1 of 4 | +0.275 (2 of 2 above) | +0.075 (2 of 2 above) |",
+    ]
+    assert "`fedavg` |" not in text and "other / h" not in text  # another method's row; a grid without records
+    assert "| — | — |" not in text
+    fedavg = [line for line in method_records_markdown("fedavg", suites, tmp_path / "records", docs).splitlines() if line.startswith("| [")]
+    assert fedavg == ["| [tiny / g](../reproductions/tiny.md) | `fedavg` | 3 | 0.7000 ± 0.1000 | 2.0 | 4 of 4 | — | -0.100 (1 of 3 above) |"]
+    assert method_records_markdown("ditto", suites, tmp_path / "records", docs) == "No benchmark suite has a record of `ditto` yet.\n"

@@ -140,7 +140,7 @@ def test_every_method_has_a_page_in_the_nav_with_its_generated_parts():
         page = ROOT / "docs" / "methods" / f"{name}.md"
         assert f"methods/{name}.md" in nav, name
         text = page.read_text()
-        for kind in ("keys", "evaluates", "example", "code"):
+        for kind in ("keys", "evaluates", "example", "records", "code"):
             assert f"<!-- pflower:{kind} {name} -->" in text, (name, kind)
 
 

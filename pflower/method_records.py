@@ -1,0 +1,100 @@
+"""A method's recorded runs across the benchmark suites, as its docs page shows them.
+
+Every grid of ``bench/suites.toml`` (the ``examples`` suite aside: the page shows that run on
+its own) where a run label of the method has committed records gives one row: the mean final
+accuracy over seeds, the bytes, its rank in the grid and its difference from FedAvg and Local
+of the same grid, seed by seed. Written from the records, so the page's figures follow them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pflower.bench import DOCS, RECORDS, SUITES, _mean_std, grid_rows, load_suite, suite_page
+
+#: The grids' labels a row is compared with.
+REFERENCES = ("fedavg", "local")
+
+
+@cache
+def _rows(suites: Path, records: Path, docs: Path) -> list[dict[str, Any]]:
+    """Every recorded label of every grid: suite, grid, its page, the label's method and its row."""
+    out = []
+    for name in tomllib.loads(suites.read_text()):
+        if name == "examples":
+            continue
+        _, runs = load_suite(suites, name)
+        page = suite_page(name, docs)
+        for grid in dict.fromkeys(r.grid for r in runs):
+            in_grid = [r for r in runs if r.grid == grid]
+            methods = {r.label: r.config.get("method") for r in in_grid}
+            rows = grid_rows(in_grid, records, name)
+            ranked = sorted((float(np.mean(r["accuracy"])) for r in rows), reverse=True)
+            by_label = {r["method"]: r for r in rows}
+            for row in rows:
+                out.append(
+                    {
+                        "suite": name,
+                        "grid": grid,
+                        "page": page,
+                        "method": methods[row["method"]],
+                        "row": row,
+                        "rank": ranked.index(float(np.mean(row["accuracy"]))) + 1,
+                        "of": len(rows),
+                        "references": {ref: by_label.get(ref) for ref in REFERENCES},
+                    }
+                )
+    return out
+
+
+def _seeds(row: dict[str, Any]) -> dict[int, float]:
+    return {d["config"]["seed"]: d["final"]["accuracy"] for d in row["docs"]}
+
+
+def difference(row: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    """The row's mean minus the reference's, and on how many of the seeds both have it is above."""
+    if reference is None or reference is row:
+        return "—"
+    mine, theirs = _seeds(row), _seeds(reference)
+    both = sorted(mine.keys() & theirs.keys())
+    if not both:
+        return "—"
+    delta = float(np.mean([mine[s] for s in both]) - np.mean([theirs[s] for s in both]))
+    above = sum(mine[s] > theirs[s] for s in both)
+    return f"{delta:+.3f} ({above} of {len(both)} above)"
+
+
+def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RECORDS, docs: Path = DOCS, link: str = "../") -> str:
+    """Method ``name``'s rows (:func:`_rows`) as a Markdown table; ``link`` leads from the
+    page to the docs folder."""
+    rows = [r for r in _rows(suites, records, docs) if r["method"] == name]
+    if not rows:
+        return f"No benchmark suite has a record of `{name}` yet.\n"
+    intro = (
+        f"Every recorded run of `{name}` in the benchmark suites, from `bench/records/`: its mean final "
+        "accuracy over seeds, its rank among the grid's methods, and its difference from FedAvg's and "
+        "Local's mean in the same grid, over the seeds both have, with on how many of them it is above."
+    )
+    lines = [
+        *textwrap.wrap(intro, 100, break_on_hyphens=False),
+        "",
+        "| suite / grid | run | seeds | accuracy | MiB | rank | vs FedAvg | vs Local |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        row, refs = r["row"], r["references"]
+        where = f"{r['suite']} / {r['grid']}"
+        if r["page"] is not None:
+            where = f"[{where}]({link}{r['page'].relative_to(docs).as_posix()})"
+        seeds = str(row["seeds"]) if row["seeds"] == row["declared"] else f"{row['seeds']} of {row['declared']}"
+        lines.append(
+            f"| {where} | `{row['method']}` | {seeds} | {_mean_std(row['accuracy'])} | {row['mb']:.1f} | {r['rank']} of {r['of']} "
+            f"| {difference(row, refs['fedavg'])} | {difference(row, refs['local'])} |"
+        )
+    return "\n".join(lines) + "\n"
