@@ -940,19 +940,12 @@ def test_records_on_other_data_stop_the_suite_even_where_they_are_not_of_the_run
 
 
 # A method page's table of recorded runs: written from the records, for every label of the method.
-METHOD_SUITES = """
-[tiny]
-seeds = [0, 1, 2]
-[tiny.common]
-num-server-rounds = 1
-local-epochs = 1
-[[tiny.grid]]
-name = "g"
-title = "digits, 3 clients"
-clients = 3
-config = { partition = "iid" }
-methods = ["local", "fedavg", "fedprox", { label = "fedprox-mu1", method = "fedprox", fedprox.mu = 1.0 }]
-
+METHOD_SUITES = (
+    SUITE.replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
+        'methods = ["local", { label = "fedavg-slow", method = "fedavg", lr = 0.01 }]',
+        'methods = ["local", "fedavg", "fedprox", { label = "fedprox-mu1", method = "fedprox", fedprox.mu = 1.0 }]',
+    )
+    + """
 [other]
 seeds = [0]
 [other.common]
@@ -962,6 +955,7 @@ name = "h"
 clients = 3
 methods = ["fedprox"]
 """
+)
 #: Final accuracy by label and seed; fedprox-mu1 has no seed 2 yet, `other` has no record.
 METHOD_ACCURACY = {
     "local": [0.80, 0.90, 0.70],
