@@ -116,7 +116,7 @@ def render(kind: str, arg: str | None, page: str) -> str:
     if kind == "example":
         return example(_method(arg, page))
     if kind == "records":
-        return method_records_markdown(_method(arg, page), link="../" * page.count("/"))
+        return method_records_markdown(_method(arg, page), ROOT / "bench" / "suites.toml", ROOT / "bench" / "records", DOCS, link="../" * page.count("/"))
     if kind == "include":
         return _include(arg, page)
     if kind == "docker-test":
@@ -197,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(regenerate(path.read_text(), name))
         print(f"{'rewrote' if args.write else 'stale'}: docs/{name}")
     return 1 if names and args.check else 0
+
+
+def on_pre_build(config) -> None:
+    """A new build reads the records again (``mkdocs serve`` keeps this module's imports)."""
+    from pflower import method_records
+
+    method_records._rows.cache_clear()
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

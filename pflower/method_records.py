@@ -65,7 +65,7 @@ def difference(row: dict[str, Any], reference: dict[str, Any] | None) -> str:
     both = sorted(mine.keys() & theirs.keys())
     if not both:
         return "—"
-    delta = float(np.mean([mine[s] for s in both]) - np.mean([theirs[s] for s in both]))
+    delta = round(float(np.mean([mine[s] for s in both]) - np.mean([theirs[s] for s in both])), 3) or 0.0  # no "-0.000"
     above = sum(mine[s] > theirs[s] for s in both)
     return f"{delta:+.3f} ({above} of {len(both)} above)"
 

@@ -172,6 +172,7 @@ TOOLING = (
     "pflower.deploy",
     "pflower.fetch",
     "pflower.launcher",
+    "pflower.method_records",
     "pflower.processes",
     "pflower.ray_head",
     "pflower.reference",
