@@ -801,9 +801,8 @@ def write_generated_pages() -> None:
     done = subprocess.run([sys.executable, str(hooks), "--write"], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        print(f"the method pages' tables were not rewritten ({why}): run `{sys.executable} docs/hooks.py --write`", flush=True)
-    else:
-        print(done.stdout, end="", flush=True)
+        raise SystemExit(f"the docs' generated sections were not rewritten ({why}): run `{sys.executable} docs/hooks.py --write`")
+    print(done.stdout, end="", flush=True)
 
 
 def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "bench" / "suites.toml") -> str:
