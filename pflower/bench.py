@@ -87,9 +87,11 @@ def run_config_string(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
 
 
-def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, list[Run]]:
+def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool = True) -> tuple[dict, list[Run]]:
     """The suite ``name`` of ``path`` and its runs, in order; a relative ``data-dir`` is a folder
-    under the data root :func:`data_root` (``data``)."""
+    under the data root :func:`data_root` (``data``). A natural-id grid's clients are counted
+    from its data where that is there; ``count_ids=False`` leaves them 0, for reading records
+    without opening the datasets (a docs build)."""
     suites = tomllib.loads(path.read_text())
     if name not in suites:
         raise SystemExit(f"suite '{name}' not in {path}; it has: {', '.join(suites)}")
@@ -113,7 +115,9 @@ def load_suite(path: Path, name: str, data: Path | None = None) -> tuple[dict, l
             label = entry.pop("label", entry["method"])
             for seed in suite.get("seeds", [0]):
                 config = flatten_dict({**common, **grid.get("config", {}), **entry, "seed": seed})
-                if clients == NATURAL_IDS:  # the first run's count serves the grid: the draw changes which ids, not how many
+                if clients == NATURAL_IDS and not count_ids:
+                    clients = 0
+                elif clients == NATURAL_IDS:  # the first run's count serves the grid: the draw changes which ids, not how many
                     clients = natural_id_clients(config)
                 runs.append(Run(grid["name"], label, seed, int(clients), config))
     return suite, runs
@@ -749,7 +753,7 @@ def headline(spec: dict, suites: Path, records: Path) -> str:
     loaded = {}
     for col in spec["columns"]:
         if "suite" in col and col["suite"] not in loaded:
-            loaded[col["suite"]] = load_suite(suites, col["suite"])
+            loaded[col["suite"]] = load_suite(suites, col["suite"], count_ids=False)
     lines = ["| " + " | ".join([spec.get("row-title", "method")] + [c["title"] for c in spec["columns"]]) + " |", "|" + " --- |" * (len(spec["columns"]) + 1)]
     recorded = False
     for row in spec["rows"]:

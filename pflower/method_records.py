@@ -18,8 +18,43 @@ import numpy as np
 
 from pflower.bench import DOCS, RECORDS, SUITES, _mean_std, grid_rows, load_suite, suite_page
 
-#: The grids' labels a row is compared with.
+#: The methods a row is compared with: in each grid, the one run of the method at its declared
+#: keys (the grid's entry names nothing but the method), whatever its label.
 REFERENCES = ("fedavg", "local")
+
+
+def _plain(entry: str | dict[str, Any]) -> str | None:
+    """The method of a grid entry that sets no key of its own; None for one that does."""
+    if isinstance(entry, str):
+        return entry
+    return entry["method"] if entry.keys() <= {"method", "label"} else None
+
+
+def _references(entries: list[str | dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """Each reference method's row in a grid: its one plain entry's (None where it has none or several)."""
+    labels = {ref: [] for ref in REFERENCES}
+    for entry in entries:
+        if (method := _plain(entry)) in labels:
+            labels[method].append(entry if isinstance(entry, str) else entry.get("label", method))
+    by_label = {r["method"]: r for r in rows}
+    return {ref: by_label.get(found[0]) if len(found) == 1 else None for ref, found in labels.items()}
+
+
+def _shown(row: dict[str, Any]) -> float:
+    """The row's mean accuracy as its table shows it (four decimals): ranks follow what is read."""
+    return round(float(np.mean(row["accuracy"])), 4)
+
+
+def rank(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The row's place among the grid's rows that have all their seeds, best first, by the mean
+    shown; "=" marks a place shared at that precision; a dash for a row short of its seeds
+    (its mean is over other seeds than theirs)."""
+    complete = [r for r in rows if r["seeds"] == r["declared"]]
+    if row not in complete:
+        return "—"
+    above = sum(_shown(r) > _shown(row) for r in complete)
+    level = sum(_shown(r) == _shown(row) for r in complete) > 1
+    return f"{'=' if level else ''}{above + 1} of {len(complete)}"
 
 
 @cache
@@ -29,25 +64,23 @@ def _rows(suites: Path, records: Path, docs: Path) -> list[dict[str, Any]]:
     for name in tomllib.loads(suites.read_text()):
         if name == "examples":
             continue
-        _, runs = load_suite(suites, name)
+        suite, runs = load_suite(suites, name, count_ids=False)
         page = suite_page(name, docs)
-        for grid in dict.fromkeys(r.grid for r in runs):
-            in_grid = [r for r in runs if r.grid == grid]
+        for grid in suite["grid"]:
+            in_grid = [r for r in runs if r.grid == grid["name"]]
             methods = {r.label: r.config.get("method") for r in in_grid}
             rows = grid_rows(in_grid, records, name)
-            ranked = sorted((float(np.mean(r["accuracy"])) for r in rows), reverse=True)
-            by_label = {r["method"]: r for r in rows}
+            references = _references(grid["methods"], rows)
             for row in rows:
                 out.append(
                     {
                         "suite": name,
-                        "grid": grid,
+                        "grid": grid["name"],
                         "page": page,
                         "method": methods[row["method"]],
                         "row": row,
-                        "rank": ranked.index(float(np.mean(row["accuracy"]))) + 1,
-                        "of": len(rows),
-                        "references": {ref: by_label.get(ref) for ref in REFERENCES},
+                        "rank": rank(row, rows),
+                        "references": references,
                     }
                 )
     return out
@@ -67,7 +100,8 @@ def difference(row: dict[str, Any], reference: dict[str, Any] | None) -> str:
         return "—"
     delta = round(float(np.mean([mine[s] for s in both]) - np.mean([theirs[s] for s in both])), 3) or 0.0  # no "-0.000"
     above = sum(mine[s] > theirs[s] for s in both)
-    return f"{delta:+.3f} ({above} of {len(both)} above)"
+    level = sum(mine[s] == theirs[s] for s in both)
+    return f"{delta:+.3f} ({above} of {len(both)} above{f', {level} level' if level else ''})"
 
 
 def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RECORDS, docs: Path = DOCS, link: str = "../") -> str:
@@ -78,8 +112,10 @@ def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RE
         return f"No benchmark suite has a record of `{name}` yet.\n"
     intro = (
         f"Every recorded run of `{name}` in the benchmark suites, from `bench/records/`: its mean final "
-        "accuracy over seeds, its rank among the grid's methods, and its difference from FedAvg's and "
-        "Local's mean in the same grid, over the seeds both have, with on how many of them it is above."
+        "accuracy over seeds; its rank among the grid's methods that have all their seeds, by the mean "
+        'shown ("=" where it shares the place); and its difference from the mean of FedAvg and of Local '
+        "at their declared keys in the same grid, over the seeds both have, with on how many of them it "
+        "is above and, where any, level."
     )
     lines = [
         *textwrap.wrap(intro, 100, break_on_hyphens=False),
@@ -94,7 +130,7 @@ def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RE
             where = f"[{where}]({link}{r['page'].relative_to(docs).as_posix()})"
         seeds = str(row["seeds"]) if row["seeds"] == row["declared"] else f"{row['seeds']} of {row['declared']}"
         lines.append(
-            f"| {where} | `{row['method']}` | {seeds} | {_mean_std(row['accuracy'])} | {row['mb']:.1f} | {r['rank']} of {r['of']} "
+            f"| {where} | `{row['method']}` | {seeds} | {_mean_std(row['accuracy'])} | {row['mb']:.1f} | {r['rank']} "
             f"| {difference(row, refs['fedavg'])} | {difference(row, refs['local'])} |"
         )
     return "\n".join(lines) + "\n"

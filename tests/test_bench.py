@@ -943,7 +943,8 @@ def test_records_on_other_data_stop_the_suite_even_where_they_are_not_of_the_run
 METHOD_SUITES = (
     SUITE.replace("seeds = [0, 1]", "seeds = [0, 1, 2]").replace(
         'methods = ["local", { label = "fedavg-slow", method = "fedavg", lr = 0.01 }]',
-        'methods = ["local", "fedavg", "fedprox", { label = "fedprox-mu1", method = "fedprox", fedprox.mu = 1.0 }]',
+        'methods = ["local", { label = "avg", method = "fedavg" }, "fedprox", { label = "fedprox-mu1", method = "fedprox", fedprox.mu = 1.0 },'
+        ' { label = "avg-fast", method = "fedavg", lr = 0.5 }]',
     )
     + """
 [other]
@@ -957,11 +958,13 @@ methods = ["fedprox"]
 """
 )
 #: Final accuracy by label and seed; fedprox-mu1 has no seed 2 yet, `other` has no record.
+#: FedAvg at its declared keys is labelled "avg"; avg-fast is FedAvg too, at another lr.
 METHOD_ACCURACY = {
     "local": [0.80, 0.90, 0.70],
-    "fedavg": [0.60, 0.70, 0.80],
-    "fedprox": [0.70, 0.60, 0.90],
+    "avg": [0.60, 0.70, 0.80],
+    "fedprox": [0.70, 0.70, 0.90],
     "fedprox-mu1": [0.90, 0.95],
+    "avg-fast": [0.80, 0.90, 0.70001],
 }
 
 
@@ -984,13 +987,18 @@ def test_a_methods_rows_follow_its_records_in_every_grid(tmp_path):
     text = method_records_markdown("fedprox", suites, tmp_path / "records", docs)
     rows = [line for line in text.splitlines() if line.startswith("| [")]
     assert rows == [
-        # mean 0.7333 over 0.70 / 0.60 / 0.90; fedavg 0.7, local 0.8: third of four by the mean
-        "| [tiny / g](../reproductions/tiny.md) | `fedprox` | 3 | 0.7333 ± 0.1528 | 2.0 | 3 of 4 | +0.033 (2 of 3 above) | -0.067 (1 of 3 above) |",
-        # two of three seeds: compared over seeds 0 and 1 only (fedavg 0.65, local 0.85 there)
-        "| [tiny / g](../reproductions/tiny.md) | `fedprox-mu1` | 2 of 3 | 0.9250 ± 0.0354 | 2.0 | 1 of 4 | +0.275 (2 of 2 above) | +0.075 (2 of 2 above) |",
+        # mean 0.7667 over 0.70 / 0.70 / 0.90: third of the four rows with all their seeds (local and
+        # avg-fast both show 0.8000 and share the first place); level with avg on seed 1
+        "| [tiny / g](../reproductions/tiny.md) | `fedprox` | 3 | 0.7667 ± 0.1155 | 2.0 | 3 of 4 | +0.067 (2 of 3 above, 1 level) | -0.033 (1 of 3 above) |",
+        # two of three seeds: not ranked, compared over seeds 0 and 1 only (avg 0.65, local 0.85 there)
+        "| [tiny / g](../reproductions/tiny.md) | `fedprox-mu1` | 2 of 3 | 0.9250 ± 0.0354 | 2.0 | — | +0.275 (2 of 2 above) | +0.075 (2 of 2 above) |",
     ]
-    assert "`fedavg` |" not in text and "other / h" not in text  # another method's row; a grid without records
+    assert "`avg` |" not in text and "other / h" not in text  # another method's row; a grid without records
     assert "| — | — |" not in text
     fedavg = [line for line in method_records_markdown("fedavg", suites, tmp_path / "records", docs).splitlines() if line.startswith("| [")]
-    assert fedavg == ["| [tiny / g](../reproductions/tiny.md) | `fedavg` | 3 | 0.7000 ± 0.1000 | 2.0 | 4 of 4 | — | -0.100 (1 of 3 above) |"]
+    assert fedavg == [
+        # the reference is FedAvg at its declared keys, whatever its label; another FedAvg row is compared with it
+        "| [tiny / g](../reproductions/tiny.md) | `avg` | 3 | 0.7000 ± 0.1000 | 2.0 | 4 of 4 | — | -0.100 (1 of 3 above) |",
+        "| [tiny / g](../reproductions/tiny.md) | `avg-fast` | 3 | 0.8000 ± 0.1000 | 2.0 | =1 of 4 | +0.100 (2 of 3 above) | +0.000 (1 of 3 above, 2 level) |",
+    ]
     assert method_records_markdown("ditto", suites, tmp_path / "records", docs) == "No benchmark suite has a record of `ditto` yet.\n"
