@@ -100,6 +100,9 @@ def test_the_leaf_suites_run_on_fixtures_one_client_per_writer_or_role(name, tmp
     assert {r.clients for r in runs} == {max(1, round(fraction * 3))}  # 3 ids of 20 or more samples
     rows = in_process_rounds({**runs[0].config, "num-server-rounds": 1}, tmp_path / "run", runs[0].clients)
     assert rows[0]["sampled"] >= 1 and 0 <= rows[0]["accuracy"] <= 1
+    # reading records (a docs build, a headline) leaves the count at 0 and does not open the data
+    monkeypatch.setattr("pflower.datasets.federated.natural_id_count", lambda settings: pytest.fail("the data was read"))
+    assert {r.clients for r in load_suite(PROJECT_SUITES, name, tmp_path / "data", count_ids=False)[1]} == {0}
 
 
 @pytest.mark.parametrize("name", LEAF_SUITES)
