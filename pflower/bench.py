@@ -100,11 +100,16 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
     if "data-dir" in common and not Path(common["data-dir"]).is_absolute():
         common["data-dir"] = str(data_root(data) / common["data-dir"])
     runs = []
+    names = [grid["name"] for grid in suite["grid"]]
+    if twice := sorted({g for g in names if names.count(g) > 1}):
+        raise SystemExit(f"suite '{name}': grid names {twice} are given more than once; each grid's records are under its name")
     for grid in suite["grid"]:
         if grid.get("examples"):  # every declared method with its declaration's example keys
             grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]
         clients = grid.get("clients", 10)
         labels = [m if isinstance(m, str) else m.get("label", m["method"]) for m in grid["methods"]]
+        if twice := sorted({label for label in labels if labels.count(label) > 1}):
+            raise SystemExit(f"suite '{name}', grid '{grid['name']}': labels {twice} are given more than once; each run's records are under its label")
         mechanism = grid.get("mechanism", [])
         if not isinstance(mechanism, list):
             raise SystemExit(f"suite '{name}', grid '{grid['name']}': mechanism must be a list of its labels, e.g. [\"{labels[0]}\"]")

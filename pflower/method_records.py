@@ -1,10 +1,11 @@
 """A method's recorded runs across the benchmark suites, as its docs page shows them.
 
-Every grid of ``bench/suites.toml`` (the ``examples`` suite aside: the page shows that run on
-its own) where a run label of the method has committed records gives one row: the mean final
-accuracy over seeds, the bytes, its rank in the grid and its difference from FedAvg and Local
-of the same grid, seed by seed. Written from the records, so the page's figures follow them.
-"""
+Every run label of the method with committed records in a grid of ``bench/suites.toml`` (the
+``examples`` suite aside: the page shows that run on its own) gives one row: the mean final
+accuracy over seeds, the bytes, its place among the grid's runs and its difference from the grid's
+FedAvg and Local, seed by seed. Written from the records, so the page's figures follow them.
+Reading them does not open a natural-id grid's data, so its records are not checked against the
+number of ids the data has here; ``pflower-bench SUITE --report-only`` checks that where the data is."""
 
 from __future__ import annotations
 
@@ -112,10 +113,11 @@ def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RE
         return f"No benchmark suite has a record of `{name}` yet.\n"
     intro = (
         f"Every recorded run of `{name}` in the benchmark suites, from `bench/records/`: its mean final "
-        "accuracy over seeds; its rank among the grid's methods that have all their seeds, by the mean "
-        'shown ("=" where it shares the place); and its difference from the mean of FedAvg and of Local '
-        "at their declared keys in the same grid, over the seeds both have, with on how many of them it "
-        "is above and, where any, level."
+        "accuracy over seeds; its rank among the grid's runs that have all their seeds, by the mean as "
+        'shown ("=" for a shared place, "—" for a run short of seeds); and its difference from the '
+        "mean of the grid's FedAvg run and of its Local run (each at the method's defaults), over the "
+        "seeds it shares with that run, with on how many of those seeds it is above (and, where any, "
+        'level); "—" where the grid has no such run or the row is that run.'
     )
     lines = [
         *textwrap.wrap(intro, 100, break_on_hyphens=False),

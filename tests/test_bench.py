@@ -56,6 +56,13 @@ def test_suite_file_expands_to_runs(tmp_path):
     assert runs[0].clients == 3
     with pytest.raises(SystemExit, match="suite 'huge' not in"):
         load_suite(tmp_path / "suites.toml", "huge")
+    # two runs, or two grids, under one name would share their records
+    (tmp_path / "suites.toml").write_text(SUITE.replace('label = "fedavg-slow"', 'label = "local"'))
+    with pytest.raises(SystemExit, match=r"suite 'tiny', grid 'g': labels \['local'\] are given more than once"):
+        load_suite(tmp_path / "suites.toml", "tiny")
+    (tmp_path / "suites.toml").write_text(SUITE + SUITE[SUITE.index("[[tiny.grid]]") :])
+    with pytest.raises(SystemExit, match=r"suite 'tiny': grid names \['g'\] are given more than once"):
+        load_suite(tmp_path / "suites.toml", "tiny")
 
 
 #: The suites that read LEAF's data sets: their configs are validated on fixtures, whose ids they count.
