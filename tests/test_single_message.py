@@ -18,6 +18,8 @@ from pflower.methods import declarations
 #: Samples per client in the sweeps below, which compare schedules (equality, not learning): the
 #: resume sweep's size, enough for every method's splits.
 SAMPLES = 60
+#: Every run here is compared by its metrics; none draws figures (two thirds of a short run's time).
+pytestmark = pytest.mark.usefixtures("no_figures")
 #: What legitimately differs between the two schedules: the bytes (an evaluation's arrays that
 #: equal the training arrays travel once) and the time.
 SCHEDULE = {"bytes-down", "bytes-up", "cumulative-bytes-down", "cumulative-bytes-up", "relayed-bytes", "wall-seconds"}
