@@ -439,25 +439,71 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+#: Run-config keys that leave a round's cost as it is (or name places): a record of any suite
+#: whose config differs from a run's only in these tells how long the run's rounds take.
+COST_FREE = frozenset(
+    {
+        "seed",
+        "data-seed",
+        "num-server-rounds",
+        "evaluate-every",
+        "results-dir",
+        "resume-from",
+        "data-dir",
+        "state-dir",
+        "overwrite",
+        "round-timeout",
+        "tensorboard",
+        "mlflow",
+        "mlflow-experiment",
+        "mlflow-tracking-uri",
+    }
+)
+
+
+def same_cost(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two resolved run configs train the same rounds: equal on every key both have but
+    :data:`COST_FREE` (a key one of them lacks is one pflower gained since, at its default)."""
+    return all(a[k] == b[k] for k in (a.keys() & b.keys()) - COST_FREE)
+
+
 class Eta:
-    """A suite's time left from its records' wall times per round: a run takes what a round of its
-    grid and label took (any seed), else of its grid, else of the suite, times its rounds; a run
-    under way, its elapsed time per round so far times its rounds left. No record yet: no estimate."""
+    """A suite's time left from the records' wall times per round: a run takes what a round of its
+    grid and label took (any seed), else of a run of any suite that trains the same rounds
+    (:func:`same_cost`: FedPer at 100 rounds from FedPer at 40), else of its grid, else of the
+    suite, times its rounds; a run under way, its elapsed time per round so far times its rounds
+    left. No record of the suite or of a run alike: no estimate."""
 
     def __init__(self, runs: list[Run], records: Path, suite: str) -> None:
         self.per_round: dict[tuple[str, str], list[float]] = {}
         for run in runs:
             if (doc := load_record(run, records, suite)) is not None:
                 self.add(run, doc["bench"]["wall-seconds"])
+        self.alike: dict[tuple[str, str, int], list[float]] = {}
+        self.recorded: list[tuple[dict[str, Any], float]] = []  # every record's config and seconds a round
+        for path in sorted(records.glob("*/*/*/seed*.json")):
+            doc = _read(path) or {}
+            config, wall = doc.get("config"), (doc.get("bench") or {}).get("wall-seconds")
+            if (
+                isinstance(config, dict)
+                and isinstance(wall, (int, float))
+                and isinstance(config.get("num-server-rounds"), int)
+                and config["num-server-rounds"] > 0
+            ):
+                self.recorded.append((config, wall / config["num-server-rounds"]))
 
     def add(self, run: Run, wall: float) -> None:
         self.per_round.setdefault((run.grid, run.label), []).append(wall / run.rounds)
 
     def of(self, run: Run) -> float | None:
-        """The run's expected wall seconds, or None when the suite has no record."""
+        """The run's expected wall seconds, or None when nothing recorded tells."""
         grid = [w for (g, _), ws in self.per_round.items() if g == run.grid for w in ws]
         every = [w for ws in self.per_round.values() for w in ws]
-        per_round = self.per_round.get((run.grid, run.label)) or grid or every
+        key = (run.grid, run.label, run.seed)
+        if key not in self.alike:  # asked at every round line: the records are matched once a run
+            resolved = resolved_config(run.config)
+            self.alike[key] = [w for config, w in self.recorded if same_cost(config, resolved)]
+        per_round = self.per_round.get((run.grid, run.label)) or self.alike[key] or grid or every
         return float(np.mean(per_round)) * run.rounds if per_round else None
 
     def left(self, todo: list[Run], current: tuple[int, float] | None = None) -> str:

@@ -297,9 +297,10 @@ def test_a_page_that_cannot_take_the_tables_stops_the_suite_before_any_run(tmp_p
 
 def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_path, capsys):
     """`--status` runs nothing: runs done and left per grid, and the time left from the records
-    (a round of the same label, else of the grid, else of the suite, times the run's rounds); a
+    (a round of the same label, else of a run of any suite that trains the same rounds, else of
+    the grid, else of the suite, times the run's rounds); a
     run under way counts its own elapsed time per round; no record at all: no estimate."""
-    from pflower.bench import Eta, duration
+    from pflower.bench import Eta, duration, resolved_config
 
     (tmp_path / "suites.toml").write_text(SUITE)
     results, records = tmp_path / "results", tmp_path / "records"
@@ -316,6 +317,12 @@ def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_pat
     assert eta.left(runs[1:]) == "about 2 min left"  # 10 + 40 + 40 s
     assert eta.left(runs[3:], (1, 5.0)) == "about 0 s left"  # its one round done: nothing left
     assert [duration(s) for s in (40, 720, 3 * 3600 + 300)] == ["40 s", "12 min", "3 h 05 min"]
+    # a run with no record of its label takes the rounds of a record of any suite that trains the
+    # same rounds (here 4 rounds of another seed, 20 s each), not the grid's other label's
+    slow = resolved_config(runs[2].config)
+    write_json(records / "other" / "h" / "x" / "seed5.json", {"config": {**slow, "seed": 5, "num-server-rounds": 4}, "bench": {"wall-seconds": 80.0}})
+    write_json(records / "other" / "h" / "y" / "seed0.json", {"config": {**slow, "lr": 0.5}, "bench": {"wall-seconds": 1000.0}})  # other rounds
+    assert [Eta(runs, records, "tiny").of(r) for r in runs] == [10.0, 10.0, 20.0, 20.0]
 
 
 def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, capsys):
