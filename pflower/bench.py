@@ -24,7 +24,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -535,9 +534,8 @@ def status(runs: list[Run], results: Path, records: Path, suite: str) -> str:
 
 def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS, cpus: int = 1, gpus: float = 0.0) -> None:
     """Run what has no record on one private simulation SuperLink, each ClientApp with ``cpus``
-    cores and a ``gpus`` share of a GPU; record each run as it ends and remove its clients' saved
-    state (only a run cut short needs it). It prints runs done and left, each round of the run
-    under way and the suite's time left."""
+    cores and a ``gpus`` share of a GPU; record each run as it ends. It prints runs done and
+    left, each round of the run under way and the suite's time left."""
     todo = [r for r in runs if not finished(r, results, records, suite)]
     for run in todo:  # every run's config is checked before the first one starts
         try:
@@ -610,9 +608,6 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
                 why = mismatch(run, _read(d / "metrics.json") or {}) or "no metrics.json"
                 raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed} ended, but {d / 'metrics.json'} is not of the suite's run: {why}")
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
-            # the clients' saved state serves only a run cut short, and is hundreds of MiB a run
-            # (a CIFAR-10 suite's would fill tens of GB); the record and metrics.json are the run
-            shutil.rmtree(d / "client-state", ignore_errors=True)
 
 
 def _mean_std(values: list[float]) -> str:
