@@ -460,36 +460,47 @@ COST_FREE = frozenset(
 )
 
 
-def same_cost(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two resolved run configs train the same rounds: equal on every key both have but
-    :data:`COST_FREE` (a key one of them lacks is one pflower gained since, at its default)."""
-    return all(a[k] == b[k] for k in (a.keys() & b.keys()) - COST_FREE)
+def same_cost(record: dict[str, Any], run: dict[str, Any]) -> bool:
+    """Whether a record's config trains the rounds the resolved ``run`` config does: equal on every
+    key but :data:`COST_FREE`, a key the record lacks (pflower gained it since) at its method's
+    default. An evaluation round counts as any other (``evaluate-every`` is cost-free): so it is
+    in the records so far, where a round's training outweighs its evaluation."""
+    record = {**default_config(record.get("method", "")), **record}
+    return all(record[k] == run[k] for k in (record.keys() & run.keys()) - COST_FREE)
+
+
+#: What of a record's machine sets its pace: the cross-suite estimates use records made alike.
+PACE = ("cpu", "cpus", "gpus", "cpus-per-client", "gpus-per-client")
 
 
 class Eta:
     """A suite's time left from the records' wall times per round: a run takes what a round of its
     grid and label took (any seed), else of a run of any suite that trains the same rounds
-    (:func:`same_cost`: FedPer at 100 rounds from FedPer at 40), else of its grid, else of the
-    suite, times its rounds; a run under way, its elapsed time per round so far times its rounds
-    left. No record of the suite or of a run alike: no estimate."""
+    (:func:`same_cost`: FedPer at 100 rounds from FedPer at 40) with as many clients on a machine
+    like this one (``cpus``, ``gpus`` per ClientApp), else of its grid, else of the suite, times
+    its rounds; a run under way, its elapsed time per round so far times its rounds left. No
+    record of the suite or of a run alike: no estimate."""
 
-    def __init__(self, runs: list[Run], records: Path, suite: str) -> None:
+    def __init__(self, runs: list[Run], records: Path, suite: str, cpus: int = 1, gpus: float = 0.0) -> None:
         self.per_round: dict[tuple[str, str], list[float]] = {}
         for run in runs:
             if (doc := load_record(run, records, suite)) is not None:
                 self.add(run, doc["bench"]["wall-seconds"])
+        here = machine(cpus, gpus)
         self.alike: dict[tuple[str, str, int], list[float]] = {}
-        self.recorded: list[tuple[dict[str, Any], float]] = []  # every record's config and seconds a round
+        self.recorded: list[tuple[dict[str, Any], int, float]] = []  # config, clients and seconds a round of the records made here
         for path in sorted(records.glob("*/*/*/seed*.json")):
             doc = _read(path) or {}
-            config, wall = doc.get("config"), (doc.get("bench") or {}).get("wall-seconds")
+            config, bench = doc.get("config"), doc.get("bench") or {}
+            wall, made_on = bench.get("wall-seconds"), bench.get("machine") or {}
             if (
                 isinstance(config, dict)
                 and isinstance(wall, (int, float))
                 and isinstance(config.get("num-server-rounds"), int)
                 and config["num-server-rounds"] > 0
+                and all(made_on.get(key) == here[key] for key in PACE)
             ):
-                self.recorded.append((config, wall / config["num-server-rounds"]))
+                self.recorded.append((config, bench.get("clients"), wall / config["num-server-rounds"]))
 
     def add(self, run: Run, wall: float) -> None:
         self.per_round.setdefault((run.grid, run.label), []).append(wall / run.rounds)
@@ -501,7 +512,7 @@ class Eta:
         key = (run.grid, run.label, run.seed)
         if key not in self.alike:  # asked at every round line: the records are matched once a run
             resolved = resolved_config(run.config)
-            self.alike[key] = [w for config, w in self.recorded if same_cost(config, resolved)]
+            self.alike[key] = [w for config, clients, w in self.recorded if clients == run.clients and same_cost(config, resolved)]
         per_round = self.per_round.get((run.grid, run.label)) or self.alike[key] or grid or every
         return float(np.mean(per_round)) * run.rounds if per_round else None
 
@@ -522,10 +533,10 @@ class Eta:
 ROUND_LINE = re.compile(r"\[round (\d+)/(\d+)\]")
 
 
-def status(runs: list[Run], results: Path, records: Path, suite: str) -> str:
+def status(runs: list[Run], results: Path, records: Path, suite: str, cpus: int = 1, gpus: float = 0.0) -> str:
     """Runs done and left per grid, and the time left: what ``--status`` prints."""
     todo = [r for r in runs if not finished(r, results, records, suite)]
-    lines = [f"suite '{suite}': {len(runs) - len(todo)} of {len(runs)} runs finished, {len(todo)} left; {Eta(runs, records, suite).left(todo)}"]
+    lines = [f"suite '{suite}': {len(runs) - len(todo)} of {len(runs)} runs finished, {len(todo)} left; {Eta(runs, records, suite, cpus, gpus).left(todo)}"]
     for grid in dict.fromkeys(r.grid for r in runs):
         n = sum(r.grid == grid for r in runs)
         lines.append(f"  {grid}: {n - sum(r.grid == grid for r in todo)} of {n}")
@@ -542,7 +553,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             load_settings(dict(run.config))
         except ConfigError as err:
             raise SystemExit(f"run {run.grid}/{run.label}/seed{run.seed}: {err}") from None
-    eta = Eta(runs, records, suite)
+    eta = Eta(runs, records, suite, cpus, gpus)
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; running {len(todo)}; {eta.left(todo)}", flush=True)
     if not todo:
         return
@@ -937,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
             f"suite '{args.suite}' reads {', '.join(needed)}, which is not there: {fetch}put the data there, or name the folder that holds it with --data-root DIR (or ${DATA_ENV})"
         )
     if args.status:
-        print(status(runs, results, records, args.suite))
+        print(status(runs, results, records, args.suite, args.cpus_per_client, args.gpus_per_client))
         return 0
     if args.report_only:
         for run in runs:  # finished results-dirs of this machine get their records; nothing runs

@@ -300,7 +300,7 @@ def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_pat
     (a round of the same label, else of a run of any suite that trains the same rounds, else of
     the grid, else of the suite, times the run's rounds); a
     run under way counts its own elapsed time per round; no record at all: no estimate."""
-    from pflower.bench import Eta, duration, resolved_config
+    from pflower.bench import Eta, Run, duration, machine, resolved_config
 
     (tmp_path / "suites.toml").write_text(SUITE)
     results, records = tmp_path / "results", tmp_path / "records"
@@ -318,11 +318,22 @@ def test_status_and_time_left_come_from_the_records_wall_times_per_round(tmp_pat
     assert eta.left(runs[3:], (1, 5.0)) == "about 0 s left"  # its one round done: nothing left
     assert [duration(s) for s in (40, 720, 3 * 3600 + 300)] == ["40 s", "12 min", "3 h 05 min"]
     # a run with no record of its label takes the rounds of a record of any suite that trains the
-    # same rounds (here 4 rounds of another seed, 20 s each), not the grid's other label's
-    slow = resolved_config(runs[2].config)
-    write_json(records / "other" / "h" / "x" / "seed5.json", {"config": {**slow, "seed": 5, "num-server-rounds": 4}, "bench": {"wall-seconds": 80.0}})
-    write_json(records / "other" / "h" / "y" / "seed0.json", {"config": {**slow, "lr": 0.5}, "bench": {"wall-seconds": 1000.0}})  # other rounds
+    # same rounds with as many clients on a machine like this one (here 4 rounds of another seed,
+    # 20 s each), not the grid's other label's
+    slow, here = resolved_config(runs[2].config), machine()
+
+    def other(name: str, config: dict, wall: float, clients: int = 3, made_on: dict = here) -> None:
+        write_json(records / "other" / "h" / name / "seed0.json", {"config": config, "bench": {"wall-seconds": wall, "clients": clients, "machine": made_on}})
+
+    other("alike", {**slow, "seed": 5, "num-server-rounds": 4}, 80.0)
+    other("other-lr", {**slow, "lr": 0.5}, 1000.0)  # other rounds
+    other("more-clients", slow, 1000.0, clients=30)
+    other("elsewhere", slow, 1000.0, made_on={**here, "cpu": "another CPU"})
+    older = {k: v for k, v in slow.items() if k != "local-steps"}  # made before pflower had local-steps: at its default
+    other("older", {**older, "num-server-rounds": 2}, 40.0)
     assert [Eta(runs, records, "tiny").of(r) for r in runs] == [10.0, 10.0, 20.0, 20.0]
+    steps = Run(runs[2].grid, "fedavg-steps", 0, 3, {**runs[2].config, "local-steps": 7})  # neither record trains its rounds
+    assert Eta(runs, records, "tiny").of(steps) == 10.0  # the grid's
 
 
 def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, capsys):
