@@ -100,6 +100,11 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
     if "data-dir" in common and not Path(common["data-dir"]).is_absolute():
         common["data-dir"] = str(data_root(data) / common["data-dir"])
     runs = []
+    if not suite.get("grid"):
+        raise SystemExit(f"suite '{name}' has no [[{name}.grid]]: each grid names its methods")
+    seeds = suite.get("seeds", [0])
+    if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
+        raise SystemExit(f"suite '{name}': seeds {twice} are given more than once; each seed's run has one record")
     names = [grid["name"] for grid in suite["grid"]]
     if twice := sorted({g for g in names if names.count(g) > 1}):
         raise SystemExit(f"suite '{name}': grid names {twice} are given more than once; each grid's records are under its name")
@@ -118,7 +123,7 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
         for entry in grid["methods"]:
             entry = {"method": entry} if isinstance(entry, str) else dict(entry)
             label = entry.pop("label", entry["method"])
-            for seed in suite.get("seeds", [0]):
+            for seed in seeds:
                 config = flatten_dict({**common, **grid.get("config", {}), **entry, "seed": seed})
                 if clients == NATURAL_IDS and not count_ids:
                     clients = 0

@@ -63,6 +63,12 @@ def test_suite_file_expands_to_runs(tmp_path):
     (tmp_path / "suites.toml").write_text(SUITE + SUITE[SUITE.index("[[tiny.grid]]") :])
     with pytest.raises(SystemExit, match=r"suite 'tiny': grid names \['g'\] are given more than once"):
         load_suite(tmp_path / "suites.toml", "tiny")
+    (tmp_path / "suites.toml").write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0, 1, 0]"))
+    with pytest.raises(SystemExit, match=r"suite 'tiny': seeds \[0\] are given more than once"):
+        load_suite(tmp_path / "suites.toml", "tiny")
+    (tmp_path / "suites.toml").write_text(SUITE[: SUITE.index("[[tiny.grid]]")])
+    with pytest.raises(SystemExit, match=r"suite 'tiny' has no \[\[tiny.grid\]\]"):
+        load_suite(tmp_path / "suites.toml", "tiny")
 
 
 #: The suites that read LEAF's data sets: their configs are validated on fixtures, whose ids they count.
