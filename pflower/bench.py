@@ -99,7 +99,6 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
     common = dict(suite.get("common", {}))
     if "data-dir" in common and not Path(common["data-dir"]).is_absolute():
         common["data-dir"] = str(data_root(data) / common["data-dir"])
-    runs = []
     if not suite.get("grid"):
         raise SystemExit(f"suite '{name}' has no [[{name}.grid]]: each grid names its methods")
     seeds = suite.get("seeds", [0])
@@ -108,6 +107,7 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
     names = [grid["name"] for grid in suite["grid"]]
     if twice := sorted({g for g in names if names.count(g) > 1}):
         raise SystemExit(f"suite '{name}': grid names {twice} are given more than once; each grid's records are under its name")
+    runs = []
     for grid in suite["grid"]:
         if grid.get("examples"):  # every declared method with its declaration's example keys
             grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]

@@ -50,9 +50,9 @@ def rank(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The row's place among the grid's rows that have all their seeds, best first, by the mean
     shown; "=" marks a place shared at that precision; a dash for a row short of its seeds
     (its mean is over other seeds than theirs)."""
-    complete = [r for r in rows if r["seeds"] == r["declared"]]
-    if row not in complete:
+    if row["seeds"] != row["declared"]:
         return "—"
+    complete = [r for r in rows if r["seeds"] == r["declared"]]
     above = sum(_shown(r) > _shown(row) for r in complete)
     level = sum(_shown(r) == _shown(row) for r in complete) > 1
     return f"{'=' if level else ''}{above + 1} of {len(complete)}"
