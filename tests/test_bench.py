@@ -582,6 +582,26 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
                 assert made.read_bytes() == kept.read_bytes(), f"{kept} is not what its records draw"
 
 
+#: The README's CIFAR-10 headline suites: every one of their runs has its record.
+HEADLINE_SUITES = ("cifar10-pfedla", "cifar10-federico", "cifar10-superfed", "cifar10-superfed-checks", "cifar10-doublehead")
+
+
+@pytest.mark.parametrize("suite", [s for s in PUBLISHED if suite_page(s) is not None])
+def test_a_published_suite_has_a_record_of_every_run_or_of_none_and_each_names_its_machine(suite):
+    """A suite a page shows is whole (a record of every run as the suite declares it now) or
+    marked "no record yet" (none); the README's five CIFAR-10 suites are whole. Every record says
+    what machine made it (CPU model and count, torch and flwr) and how long its run took."""
+    _, runs = load_suite(PROJECT_SUITES, suite, count_ids=False)
+    docs = [load_record(run, RECORDS, suite) for run in runs]
+    missing = [str(run.record(RECORDS, suite).relative_to(RECORDS)) for run, doc in zip(runs, docs, strict=True) if doc is None]
+    assert missing in ([], [str(run.record(RECORDS, suite).relative_to(RECORDS)) for run in runs]), f"{suite}: no record of {missing}"
+    assert not (suite in HEADLINE_SUITES and missing), f"{suite}: no record of {missing}"
+    for doc in filter(None, docs):
+        made = doc["bench"]
+        assert made["wall-seconds"] > 0 and made["machine"]["cpu"] and made["machine"]["cpus"] >= 1
+        assert made["machine"]["torch"] and made["machine"]["flwr"] == "1.39.0"
+
+
 def test_fedbns_per_client_tables_come_from_the_committed_swap_records(monkeypatch):
     """The FedBN page's per-client tables (own against averaged normalization layers) are what
     bench/fedbn_shift.py makes from the committed records alone, byte for byte."""
