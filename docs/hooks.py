@@ -225,7 +225,7 @@ def mathml(page_html: str, page: str = "") -> str:
             out = convert(tex, display="inline" if m["inline"] is not None else "block")
         except Exception as err:  # latex2mathml raises its own errors and plain ones alike
             raise PluginError(f"{page}: the formula {tex!r} is not TeX that latex2mathml reads: {err!r}") from None
-        unknown = re.findall(r"\\[A-Za-z]+", out)  # a command it does not know comes out as text
+        unknown = re.findall(r"\\(?:[A-Za-z]+|[^A-Za-z\s])", out)  # what it does not know comes out as text (\Big\| as a literal \|)
         if unknown:
             raise PluginError(f"{page}: the formula {tex!r} is not TeX that latex2mathml reads: {', '.join(unknown)}")
         return out
@@ -233,8 +233,32 @@ def mathml(page_html: str, page: str = "") -> str:
     return ARITHMATEX.sub(one, page_html)
 
 
+#: A table cell's content or code span kept on one line (extra.css: ``.whole``): one token of up
+#: to 24 characters (a method, key or value), or a figure such as ``0.5792 ± 0.0097``.
+WHOLE = re.compile(r"[^\s<>]{1,24}|[+-]?\d+(\.\d+)? ± \d+(\.\d+)?")
+CELL = re.compile(r"<(td|th)([^>]*)>(.*?)</\1>", re.S)
+CODE = re.compile(r"<code>([^<]*)</code>")
+
+
+def whole_cells(page_html: str) -> str:
+    """``page_html`` with each table cell (and code span in a cell) that :data:`WHOLE` matches
+    marked ``whole``, so that a narrow column wraps its text but never splits a name or a figure;
+    a longer code span may also break after each ``/`` of a path."""
+
+    def cell(m: re.Match) -> str:
+        tag, attrs, body = m.groups()
+        body = CODE.sub(
+            lambda c: f'<code class="whole">{c[1]}</code>' if WHOLE.fullmatch(html.unescape(c[1])) else f"<code>{c[1].replace('/', '/<wbr>')}</code>", body
+        )
+        if tag == "td" and "class=" not in attrs and WHOLE.fullmatch(html.unescape(body.strip())):
+            attrs += ' class="whole"'
+        return f"<{tag}{attrs}>{body}</{tag}>"
+
+    return CELL.sub(cell, page_html)
+
+
 def on_page_content(page_html: str, page, config, files) -> str:
-    return mathml(page_html, page.file.src_uri)
+    return whole_cells(mathml(page_html, page.file.src_uri))
 
 
 if __name__ == "__main__":

@@ -891,8 +891,11 @@ def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "
         raise ValueError(f"method '{name}': its example's record has no evaluated round")
     shown = [r for r in rows if r["round"] in {rows[0]["round"], 2, 5, rows[-1]["round"]}]
     record = run.record(records, "examples").relative_to(records.parent.parent)
+    data = suite["grid"][0]["title"].split(": ", 1)[1]
+    if "partition" in keys:  # the example shares the pool out its own way
+        data = f"{data.split(' with ', 1)[0]} with `partition='{keys['partition']}'`, {data.rsplit(', ', 1)[1]}"
     lines = [
-        f"Its example, measured (`pflower-bench examples`; record `{record}`), on the default data ({suite['grid'][0]['title'].split(': ', 1)[1]}):",
+        f"Its example, measured (`pflower-bench examples`; record `{record}`), on {data}:",
         "",
         "```bash",
         f'scripts/run.sh -c "{run_config_string(keys)}"',

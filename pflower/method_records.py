@@ -99,10 +99,11 @@ def difference(row: dict[str, Any], reference: dict[str, Any] | None) -> str:
     both = sorted(mine.keys() & theirs.keys())
     if not both:
         return "—"
-    delta = round(float(np.mean([mine[s] for s in both]) - np.mean([theirs[s] for s in both])), 3) or 0.0  # no "-0.000"
+    delta = round(float(np.mean([mine[s] for s in both]) - np.mean([theirs[s] for s in both])), 3)
     above = sum(mine[s] > theirs[s] for s in both)
     level = sum(mine[s] == theirs[s] for s in both)
-    return f"{delta:+.3f} ({above} of {len(both)} above{f', {level} level' if level else ''})"
+    shown = f"{delta:+.3f}" if delta else "0.000"  # level to 3 decimals: no sign, not "-0.000"
+    return f"{shown} ({above} of {len(both)} above{f', {level} level' if level else ''})"
 
 
 def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RECORDS, docs: Path = DOCS, link: str = "../") -> str:

@@ -1053,6 +1053,6 @@ def test_a_methods_rows_follow_its_records_in_every_grid(tmp_path):
     assert fedavg == [
         # the reference is FedAvg at its declared keys, whatever its label; another FedAvg row is compared with it
         "| [tiny / g](../reproductions/tiny.md) | `avg` | 3 | 0.7000 ± 0.1000 | 2.0 | 4 of 4 | — | -0.100 (1 of 3 above) |",
-        "| [tiny / g](../reproductions/tiny.md) | `avg-fast` | 3 | 0.8000 ± 0.1000 | 2.0 | =1 of 4 | +0.100 (2 of 3 above) | +0.000 (1 of 3 above, 2 level) |",
+        "| [tiny / g](../reproductions/tiny.md) | `avg-fast` | 3 | 0.8000 ± 0.1000 | 2.0 | =1 of 4 | +0.100 (2 of 3 above) | 0.000 (1 of 3 above, 2 level) |",
     ]
     assert method_records_markdown("ditto", suites, tmp_path / "records", docs) == "No benchmark suite has a record of `ditto` yet.\n"

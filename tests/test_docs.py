@@ -86,7 +86,7 @@ def test_the_hook_turns_tex_into_mathml_and_refuses_what_it_cannot_read():
     out = hooks.mathml('<p><span class="arithmatex">\\(\\alpha_i^{l,j} &lt; 1\\)</span></p><div class="arithmatex">\\[\\sum_j x_j\\]</div>')
     assert out.count("<math") == 2 and 'display="inline"' in out and 'display="block"' in out
     assert "&#x003B1;" in out and "<msubsup>" in out and "&#x0003C;" in out and "arithmatex" not in out  # α, α_i^{l,j}, <
-    for bad in ("\\left( x", "x^", "\\nosuchcommand x"):
+    for bad in ("\\left( x", "x^", "\\nosuchcommand x", "\\Big\\| x \\Big\\|"):
         with pytest.raises(PluginError, match="latex2mathml"):
             hooks.mathml(f'<span class="arithmatex">\\({bad}\\)</span>', "x.md")
 
@@ -102,13 +102,17 @@ def test_the_site_loads_nothing_from_elsewhere_and_carries_its_css(site):
     assert "stylesheets/extra.css" in (ROOT / "mkdocs.yml").read_text()
     assert all('stylesheets/extra.css"' in p.read_text() for p in pages if p.name == "index.html")
     css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
-    # Long shell lines wrap; every other block scrolls with a visible scrollbar; a code span in a
-    # table cell (a method's name) never breaks mid-word.
+    # Long shell lines wrap; every other block scrolls with a visible scrollbar; in a table a name
+    # or a figure the build marks whole stays on one line, and longer code breaks at a word's end
+    # or after a path's slash, never mid-word.
     assert re.search(r"\.language-bash pre > code[^{]*\{[^}]*white-space: pre-wrap", css, re.S)
     assert re.search(r"pre > code \{[^}]*scrollbar-width: auto", css)
-    assert re.search(r"td code,[^{]*\{[^}]*word-break: normal;[^}]*overflow-wrap: normal", css, re.S)
-    assert re.search(r"td:not\(:last-child\) code,[^{]*\{[^}]*white-space: nowrap", css, re.S)
+    assert re.search(r"td code,[^{]*\{[^}]*word-break: normal;[^}]*overflow-wrap: break-word", css, re.S)
+    assert re.search(r"td\.whole,[^{]*code\.whole \{[^}]*white-space: nowrap", css, re.S)
     assert 'class="language-bash highlight"' in _page(site, "getting-started")
+    methods, records = _page(site, "methods"), _page(site, "methods/pfedla")
+    assert '<code class="whole">fedavg-ft</code>' in methods and "<code>pflower/<wbr>client_app/<wbr>fedbn.py</code>" in methods
+    assert re.search(r'<td class="whole">0\.\d{4} ± 0\.\d{4}</td>', records) and '<code class="whole">pfedla-frozen</code>' in records
 
 
 def test_every_key_has_a_description():
