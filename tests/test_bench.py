@@ -357,39 +357,6 @@ def test_the_test_chosen_accuracy_is_a_column_beside_the_held_out_one(tmp_path, 
     assert "| local | 0.5000 | 0.5000 | — | 2.0 | 10 | 1 of 2 |" in out and "| fedavg-slow | 0.6000 | 0.6000 | 0.7500 | 2.0 | 10 | 1 of 2 |" in out
 
 
-@pytest.mark.e2e
-def test_a_suite_runs_on_flower_resumes_records_and_writes_its_tables(tmp_path, capsys):
-    suite_file = tmp_path / "suites.toml"
-    suite_file.write_text(SUITE.replace("seeds = [0, 1]", "seeds = [0]").replace('"local", { label', "{ label"))
-    suite, runs = load_suite(suite_file, "tiny")
-    results, records = tmp_path / "results", tmp_path / "records"
-    execute(runs, results, "tiny", records)
-    out = capsys.readouterr().out
-    assert "running 1; time left unknown" in out and "\n    round 1/1, " in out and "; suite about 0 s left\n" in out  # progress, then the time left
-    doc = json.loads((runs[0].directory(results, "tiny") / "metrics.json").read_text())
-    assert doc["config"]["lr"] == 0.01 and len(doc["rounds"]) == 1
-    record = json.loads(runs[0].record(records, "tiny").read_text())
-    assert record["final"] == doc["final"] and record["config"] == doc["config"] and record["bench"]["clients"] == 3
-    assert record["bench"]["data"] == data_fingerprint(runs[0].config) and len(record["bench"]["data"]) == 32
-    assert not [p for p in records.rglob("*") if p.suffix in (".pt", ".state", ".tmp")]
-    execute(runs, results, "tiny", records)  # recorded runs are skipped
-    assert "1 of 1 runs already finished; running 0" in capsys.readouterr().out
-    import shutil
-
-    shutil.rmtree(results)  # the report needs the records only
-    page = tmp_path / "docs" / "page.md"
-    page.parent.mkdir()
-    page.write_text("before\n<!-- bench:tiny:start -->\nold\n<!-- bench:tiny:end -->\nafter\n")
-    text = report("tiny", suite, runs, records, results / "tiny", page)
-    acc = doc["final"]["accuracy"]
-    assert f"| fedavg-slow | {acc:.4f} |" in text and "Paper: numbers of the paper." in text
-    new = page.read_text()
-    assert new.startswith("before\n<!-- bench:tiny:start -->\n#### digits, 3 clients") and new.endswith("<!-- bench:tiny:end -->\nafter\n")
-    assert "old" not in new and "![g-accuracy](figures/tiny/g-accuracy.png) ![g-bytes](figures/tiny/g-bytes.png)" in new
-    assert (results / "tiny" / "table.csv").read_text().splitlines()[1].startswith("g,fedavg-slow,1,")
-    assert (page.parent / "figures" / "tiny" / "g-accuracy.png").exists() and (page.parent / "figures" / "tiny" / "g-bytes.png").exists()
-
-
 def test_a_record_or_results_dir_of_another_config_or_cut_short_is_not_finished(tmp_path):
     """A suite entry changed since a run (here fedavg-slow's lr) runs again; so do a results-dir
     whose bench.json a crash cut short and one without all its rounds."""
