@@ -233,24 +233,32 @@ def mathml(page_html: str, page: str = "") -> str:
     return ARITHMATEX.sub(one, page_html)
 
 
-#: A table cell's content or code span kept on one line (extra.css: ``.whole``): one token of up
-#: to 24 characters (a method, key or value), or a figure such as ``0.5792 ± 0.0097``.
-WHOLE = re.compile(r"[^\s<>]{1,24}|[+-]?\d+(\.\d+)? ± \d+(\.\d+)?")
-CELL = re.compile(r"<(td|th)([^>]*)>(.*?)</\1>", re.S)
+#: A table cell's content or code span kept on one line (extra.css: ``.whole``), its text as
+#: shown: one token of up to 24 characters (a method, key, value or ``train/<class>/``), a figure
+#: such as ``0.5792 ± 0.0097`` or a rank such as ``=8 of 19``.
+WHOLE = re.compile(r"\S{1,24}|[+-]?\d+(\.\d+)? ± \d+(\.\d+)?|=?\d+ of \d+")
+CELL = re.compile(r"<(td|th)(\s[^>]*)?>(.*?)</\1>", re.S)
 CODE = re.compile(r"<code>([^<]*)</code>")
+#: A path's slash, where a long code span may break (not in ``//`` or ``:///``).
+SLASH = re.compile(r"(?<![/:])/(?!/)")
+
+
+def _whole(text: str) -> bool:
+    """Whether HTML ``text`` (no tags: a cell holding a link or emphasis is not one token) is kept whole."""
+    return "<" not in text and WHOLE.fullmatch(html.unescape(text.strip())) is not None
 
 
 def whole_cells(page_html: str) -> str:
     """``page_html`` with each table cell (and code span in a cell) that :data:`WHOLE` matches
     marked ``whole``, so that a narrow column wraps its text but never splits a name or a figure;
-    a longer code span may also break after each ``/`` of a path."""
+    a longer code span may also break after each slash of a path."""
+
+    def code(c: re.Match) -> str:
+        return f'<code class="whole">{c[1]}</code>' if _whole(c[1]) else f"<code>{SLASH.sub('/<wbr>', c[1])}</code>"
 
     def cell(m: re.Match) -> str:
-        tag, attrs, body = m.groups()
-        body = CODE.sub(
-            lambda c: f'<code class="whole">{c[1]}</code>' if WHOLE.fullmatch(html.unescape(c[1])) else f"<code>{c[1].replace('/', '/<wbr>')}</code>", body
-        )
-        if tag == "td" and "class=" not in attrs and WHOLE.fullmatch(html.unescape(body.strip())):
+        tag, attrs, body = m[1], m[2] or "", CODE.sub(code, m[3])
+        if tag == "td" and "class=" not in attrs and _whole(m[3]):
             attrs += ' class="whole"'
         return f"<{tag}{attrs}>{body}</{tag}>"
 

@@ -549,24 +549,35 @@ def test_the_docs_tables_come_from_the_committed_records_alone(tmp_path, suite):
                 assert made.read_bytes() == kept.read_bytes(), f"{kept} is not what its records draw"
 
 
-#: The README's CIFAR-10 headline suites: every one of their runs has its record.
-HEADLINE_SUITES = ("cifar10-pfedla", "cifar10-federico", "cifar10-superfed", "cifar10-superfed-checks", "cifar10-doublehead")
+#: The suites whose figures the README shows (its headline tables and the suites its text names):
+#: every one of their runs has its record.
+README_SUITES = {c["suite"] for table in tomllib.loads((ROOT / "bench" / "headlines.toml").read_text()).values() for c in table["columns"] if "suite" in c}
+README_SUITES |= set(re.findall(r"`pflower-bench ([a-z0-9-]+)`", (ROOT / "README.md").read_text()))
+
+
+def test_the_suites_the_readme_shows_are_the_papers_five_and_more():
+    assert {"cifar10-pfedla", "cifar10-federico", "cifar10-superfed", "cifar10-superfed-checks", "cifar10-doublehead"} <= README_SUITES
+    assert README_SUITES <= {s for s in PUBLISHED if suite_page(s) is not None}
 
 
 @pytest.mark.parametrize("suite", [s for s in PUBLISHED if suite_page(s) is not None])
 def test_a_published_suite_has_a_record_of_every_run_or_of_none_and_each_names_its_machine(suite):
     """A suite a page shows is whole (a record of every run as the suite declares it now) or
-    marked "no record yet" (none); the README's five CIFAR-10 suites are whole. Every record says
+    marked "no record yet" (none); the suites the README shows (the five CIFAR-10 suites among
+    them) are whole. Every record says
     what machine made it (CPU model and count, torch and flwr) and how long its run took."""
     _, runs = load_suite(PROJECT_SUITES, suite, count_ids=False)
     docs = [load_record(run, RECORDS, suite) for run in runs]
     missing = [str(run.record(RECORDS, suite).relative_to(RECORDS)) for run, doc in zip(runs, docs, strict=True) if doc is None]
     assert missing in ([], [str(run.record(RECORDS, suite).relative_to(RECORDS)) for run in runs]), f"{suite}: no record of {missing}"
-    assert not (suite in HEADLINE_SUITES and missing), f"{suite}: no record of {missing}"
-    for doc in filter(None, docs):
-        made = doc["bench"]
-        assert made["wall-seconds"] > 0 and made["machine"]["cpu"] and made["machine"]["cpus"] >= 1
-        assert made["machine"]["torch"] and made["machine"]["flwr"] == "1.39.0"
+    assert not (suite in README_SUITES and missing), f"{suite}: no record of {missing}"
+    for run, doc in zip(runs, docs, strict=True):
+        made, where = (doc or {}).get("bench", {}), run.record(RECORDS, suite).relative_to(RECORDS)
+        assert doc is None or made.get("wall-seconds", 0) > 0, f"{where}: no wall time"
+        machine = made.get("machine") or {}
+        assert doc is None or (machine.get("cpu") and machine.get("cpus", 0) >= 1 and machine.get("torch") and machine.get("flwr") == "1.39.0"), (
+            f"{where}: made on {machine or 'a machine it does not name'}"
+        )
 
 
 def test_fedbns_per_client_tables_come_from_the_committed_swap_records(monkeypatch):
