@@ -87,6 +87,11 @@ def run_config_string(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
 
 
+def _twice(items: list) -> list:
+    """The items given more than once, sorted."""
+    return sorted({x for x in items if items.count(x) > 1})
+
+
 def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool = True) -> tuple[dict, list[Run]]:
     """The suite ``name`` of ``path`` and its runs, in order; a relative ``data-dir`` is a folder
     under the data root :func:`data_root` (``data``). A natural-id grid's clients are counted
@@ -102,10 +107,9 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
     if not suite.get("grid"):
         raise SystemExit(f"suite '{name}' has no [[{name}.grid]]: each grid names its methods")
     seeds = suite.get("seeds", [0])
-    if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
+    if twice := _twice(seeds):
         raise SystemExit(f"suite '{name}': seeds {twice} are given more than once; each seed's run has one record")
-    names = [grid["name"] for grid in suite["grid"]]
-    if twice := sorted({g for g in names if names.count(g) > 1}):
+    if twice := _twice([grid["name"] for grid in suite["grid"]]):
         raise SystemExit(f"suite '{name}': grid names {twice} are given more than once; each grid's records are under its name")
     runs = []
     for grid in suite["grid"]:
@@ -113,7 +117,7 @@ def load_suite(path: Path, name: str, data: Path | None = None, count_ids: bool 
             grid["methods"] = [{"label": m.name, "method": m.name, **m.example} for m in declarations().values()]
         clients = grid.get("clients", 10)
         labels = [m if isinstance(m, str) else m.get("label", m["method"]) for m in grid["methods"]]
-        if twice := sorted({label for label in labels if labels.count(label) > 1}):
+        if twice := _twice(labels):
             raise SystemExit(f"suite '{name}', grid '{grid['name']}': labels {twice} are given more than once; each run's records are under its label")
         mechanism = grid.get("mechanism", [])
         if not isinstance(mechanism, list):
@@ -892,8 +896,8 @@ def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "
     shown = [r for r in rows if r["round"] in {rows[0]["round"], 2, 5, rows[-1]["round"]}]
     record = run.record(records, "examples").relative_to(records.parent.parent)
     data = suite["grid"][0]["title"].split(": ", 1)[1]
-    if "partition" in keys:  # the example shares the pool out its own way
-        data = f"{data.split(' with ', 1)[0]} with `partition='{keys['partition']}'`, {data.rsplit(', ', 1)[1]}"
+    if "partition" in keys:  # the example shares the pool out its own way, not the title's
+        data = re.sub(r" with [^,]*|$", f" with `partition='{keys['partition']}'`", data, count=1)
     lines = [
         f"Its example, measured (`pflower-bench examples`; record `{record}`), on {data}:",
         "",

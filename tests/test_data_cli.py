@@ -218,71 +218,47 @@ def test_after_pflower_data_mnist_the_mnist_suites_find_and_accept_their_data(se
     assert check(ROOT, run_config_string(config), first.clients) is None
 
 
-#: A one-run suite on the MNIST folder pflower-data writes (dataset='mnist', data-dir under the root).
-FETCHED_SUITE = """
-[tiny]
-seeds = [0]
-[tiny.common]
-dataset = "mnist"
-data-dir = "mnist"
-num-server-rounds = 1
-local-epochs = 1
-[[tiny.grid]]
-name = "g"
-title = "MNIST as fetched, 3 clients"
-clients = 3
-config = { partition = "iid" }
-methods = [{ label = "fedavg-slow", method = "fedavg", lr = 0.01 }]
-paper = { text = "numbers of the paper.", order = ["fedavg-slow"] }
-"""
-
-
 @pytest.mark.e2e
-def test_pflower_bench_runs_a_suite_on_what_pflower_data_fetched_records_it_and_writes_its_tables(server, mnist, tmp_path, capsys, monkeypatch):
+def test_pflower_bench_small_runs_on_what_pflower_data_fetched_records_it_and_writes_its_table(server, mnist, tmp_path, capsys, monkeypatch):
     """A user's path on a fresh clone with a loopback mirror for the internet: `pflower-data mnist
-    --root DIR`, then `pflower-bench SUITE --data-root DIR` runs the suite on Flower with progress,
-    records it (the data's digest, no model state), skips it when run again, and writes its table
-    and figures from the records alone."""
+    --root DIR`, then `pflower-bench small --data-root DIR` (the console script, as the docs write
+    it) runs the suite on Flower with progress and records its first run (the data's digest, no
+    model state); stopped there with Ctrl-C, `--status` counts that run done, and `--report-only`
+    writes its table from the records alone."""
+    import signal
+    import time
+
     from pflower.bench import data_fingerprint, load_suite, main
 
     monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
     data, results, records = tmp_path / "data", tmp_path / "results", tmp_path / "records"
     assert run(data, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)[0] == 0
-    (tmp_path / "suites.toml").write_text(FETCHED_SUITE)
-    page = tmp_path / "docs" / "page.md"
-    page.parent.mkdir()
-    page.write_text("before\n<!-- bench:tiny:start -->\nold\n<!-- bench:tiny:end -->\nafter\n")
-    args = [
-        "tiny",
-        "--file",
-        str(tmp_path / "suites.toml"),
-        "--data-root",
-        str(data),
-        "--results",
-        str(results),
-        "--records",
-        str(records),
-        "--page",
-        str(page),
-    ]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "running 1; time left unknown" in out and "\n    round 1/1, " in out and "; suite about 0 s left\n" in out  # progress, then the time left
-    (run_,) = load_suite(tmp_path / "suites.toml", "tiny", data)[1]
-    doc = json.loads((run_.directory(results, "tiny") / "metrics.json").read_text())
-    assert doc["config"]["lr"] == 0.01 and doc["config"]["data-dir"] == str(data / "mnist") and len(doc["rounds"]) == 1
-    record = json.loads(run_.record(records, "tiny").read_text())
-    assert record["final"] == doc["final"] and record["config"] == doc["config"] and record["bench"]["clients"] == 3
-    assert record["bench"]["data"] == data_fingerprint(run_.config) and len(record["bench"]["data"]) == 32
+    first = load_suite(ROOT / "bench" / "suites.toml", "small", data)[1][0]
+    record_file = first.record(records, "small")
+    where = ["--data-root", str(data), "--results", str(results), "--records", str(records)]
+    with open(tmp_path / "bench.log", "w") as log:
+        bench = subprocess.Popen([str(Path(sys.executable).parent / "pflower-bench"), "small", *where], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 300
+            while not record_file.exists() and bench.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            bench.send_signal(signal.SIGINT)  # Ctrl-C: the suite stops, its SuperLink and Ray with it
+            bench.wait(120)
+    out = (tmp_path / "bench.log").read_text()
+    assert record_file.exists(), out[-3000:]
+    assert "0 of 14 runs already finished; running 14; time left unknown" in out and "\n    round 10/10, " in out, out[-3000:]
+    doc = json.loads(record_file.read_text())
+    assert doc["config"]["method"] == "local" and doc["config"]["data-dir"] == str(data / "mnist") and len(doc["rounds"]) == 10
+    assert doc["bench"]["data"] == data_fingerprint(first.config) and doc["bench"]["clients"] == 10
     assert not [p for p in records.rglob("*") if p.suffix in (".pt", ".state", ".tmp")]
-    shutil.rmtree(results)  # recorded runs are skipped, and the report needs the records only
-    assert main(args) == 0
-    assert "1 of 1 runs already finished; running 0" in capsys.readouterr().out
-    new = page.read_text()
-    assert new.startswith("before\n<!-- bench:tiny:start -->\n#### MNIST as fetched, 3 clients") and new.endswith("<!-- bench:tiny:end -->\nafter\n")
-    assert f"| fedavg-slow | {doc['final']['accuracy']:.4f} |" in new and "Paper: numbers of the paper." in new and "old" not in new
-    assert "![g-accuracy](figures/tiny/g-accuracy.png) ![g-bytes](figures/tiny/g-bytes.png)" in new
-    assert (page.parent / "figures" / "tiny" / "g-accuracy.png").exists() and (page.parent / "figures" / "tiny" / "g-bytes.png").exists()
+    assert main(["small", *where, "--status"]) == 0
+    assert "suite 'small': 1 of 14 runs finished, 13 left" in capsys.readouterr().out
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- bench:small:start -->\nold\n<!-- bench:small:end -->\nafter\n")
+    assert main(["small", *where, "--report-only", "--page", str(page)]) == 0
+    table = page.read_text()
+    assert f"| local | {doc['final']['accuracy']:.4f} |" in table and "old" not in table and table.endswith("<!-- bench:small:end -->\nafter\n")
 
 
 def test_a_suite_without_its_data_names_the_command_that_fetches_it(tmp_path):
