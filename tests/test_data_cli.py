@@ -223,9 +223,9 @@ def test_pflower_bench_small_runs_on_what_pflower_data_fetched_records_it_and_wr
     """A user's path on a fresh clone with a loopback mirror for the internet: `pflower-data mnist
     --root DIR`, then `pflower-bench small --data-root DIR` (the console script, as the docs write
     it) runs the suite on Flower with progress and records its first run (the data's digest, no
-    model state); stopped there with Ctrl-C, `--status` counts that run done, and `--report-only`
-    writes its table from the records alone."""
-    import signal
+    model state); stopped there (SIGTERM, as `kill` or a supervisor stops it: its SuperLink and Ray
+    end with it), `--status` counts that run done, and `--report-only` writes its table from the
+    records alone."""
     import time
 
     from pflower.bench import data_fingerprint, load_suite, main
@@ -243,7 +243,7 @@ def test_pflower_bench_small_runs_on_what_pflower_data_fetched_records_it_and_wr
             while not record_file.exists() and bench.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.5)
         finally:
-            bench.send_signal(signal.SIGINT)  # Ctrl-C: the suite stops, its SuperLink and Ray with it
+            bench.terminate()  # not SIGINT: a test run in a background job inherits SIGINT ignored
             bench.wait(120)
     out = (tmp_path / "bench.log").read_text()
     assert record_file.exists(), out[-3000:]
