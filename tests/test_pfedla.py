@@ -39,7 +39,7 @@ def test_mix_is_layerwise_weighted_sum():
     assert torch.equal(out[0, 6:], 0.5 * (theta[1, 6:] + theta[2, 6:]))
 
 
-def test_update_moves_personalized_model_toward_the_trained_one():
+def test_a_step_moves_the_personalized_model_along_the_update():
     torch.manual_seed(0)
     hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
     theta = torch.randn(3, 10)
@@ -47,8 +47,7 @@ def test_update_moves_personalized_model_toward_the_trained_one():
     bar = mix(hn.alpha(ids), theta, SEGMENTS)
     trained = bar + 0.3 * torch.randn_like(bar)
     before = (bar - trained).norm(dim=1)
-    used = hypernetwork_update(hn, ids, theta, trained, SEGMENTS, lr=0.05)
-    assert torch.equal(used, bar)
+    hypernetwork_update(hn, ids, theta, trained - bar, SEGMENTS, lr=0.05)
     after = (mix(hn.alpha(ids), theta, SEGMENTS) - trained).norm(dim=1)
     assert (after < before).all()
     untouched = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
@@ -73,8 +72,8 @@ def test_two_groups_learn_to_aggregate_within_their_group():
         with torch.no_grad():
             bar = mix(hn.alpha(ids), theta, SEGMENTS)
         trained = bar + 0.5 * (targets[group] - bar)  # one local "training" step
-        hypernetwork_update(hn, ids, theta, trained, SEGMENTS, lr=0.02)
-        theta = trained
+        theta = trained  # kept, then the step at the kept models (the strategy's order)
+        hypernetwork_update(hn, ids, theta, trained - bar, SEGMENTS, lr=0.02)
     end = within_share()
     assert start == pytest.approx(0.5, abs=0.05)
     assert end > 0.8 and end > start + 0.25
@@ -92,7 +91,7 @@ def test_the_step_does_not_depend_on_the_scale_of_a_layer():
     steps = []
     for factor in (torch.ones(10), big):
         hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
-        hypernetwork_update(hn, ids, theta * factor, trained * factor, SEGMENTS, lr=0.05)
+        hypernetwork_update(hn, ids, theta * factor, (trained - theta) * factor, SEGMENTS, lr=0.05)
         steps.append(hn.alpha(ids).detach())
     assert torch.allclose(steps[0], steps[1], atol=1e-5)
     assert not torch.allclose(steps[0], HyperNetworks.create(3, 2, 8, 8, 100, seed=0).alpha(ids), atol=1e-4)
@@ -132,13 +131,12 @@ def test_retained_layers_take_no_part_in_the_hypernetwork_step():
     after = []
     for target in (trained, other):
         hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
-        bar = hypernetwork_update(hn, ids, theta, target, SEGMENTS, lr=0.05, retained=retained)
-        assert torch.equal(bar[0, :6], theta[0, :6])  # what the client started from: its own layer
+        hypernetwork_update(hn, ids, theta, target - theta[:2], SEGMENTS, lr=0.05, retained=retained)
         after.append(hn.params)
     assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
     hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
     before = {k: v.clone() for k, v in hn.params.items()}
-    hypernetwork_update(hn, torch.tensor([0]), theta, trained[:1], SEGMENTS, lr=0.05, retained=torch.tensor([[True, True]]))
+    hypernetwork_update(hn, torch.tensor([0]), theta, trained[:1] - theta[:1], SEGMENTS, lr=0.05, retained=torch.tensor([[True, True]]))
     assert all(torch.equal(before[k], hn.params[k]) for k in before)
 
 
@@ -167,8 +165,7 @@ def test_the_paper_s_head_start_damps_every_step_on_the_weights_by_about_1_over_
         assert torch.allclose(before, torch.full_like(before, 1 / n), rtol=0.02)
         raw = hn.params["hb"][0, 0, 0].item()
         assert raw == pytest.approx(1 / n if start == "sum-1" else 1.0)
-        trained = mix(before, theta, SEGMENTS) + 0.3 * theta[[1, 2, 3, 4, 5, 6, 7, 8, 9, 0]]
-        hypernetwork_update(hn, ids, theta, trained, SEGMENTS, lr=0.05)
+        hypernetwork_update(hn, ids, theta, 0.3 * theta[[1, 2, 3, 4, 5, 6, 7, 8, 9, 0]], SEGMENTS, lr=0.05)
         moved[start] = (hn.alpha(ids).detach() - before).abs().max().item()
     assert n**2 / 3 < moved["sum-1"] / moved["sum-n"] < 3 * n**2
 
@@ -185,9 +182,9 @@ def test_the_layer_loss_switch_divides_each_layer_s_loss_by_the_clients_spread_o
     strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="pfedla", pfedla__layer_loss=layer_loss, pfedla__head_start="sum-n")
     assert strategy.hn.params["hb"][0, 0, 0].item() == pytest.approx(1.0)
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
-    snapshot = strategy.theta.clone()
     strategy.aggregate_train(1, grid.send_and_receive(msgs))
-    want = layer_spread(snapshot, strategy.segments) if layer_loss == "spread" else torch.ones(len(strategy.segments), dtype=torch.float64)
+    kept = strategy.theta  # the trained models: the step is taken at them
+    want = layer_spread(kept, strategy.segments) if layer_loss == "spread" else torch.ones(len(strategy.segments), dtype=torch.float64)
     assert len(seen) == 1 and torch.equal(seen[0], want) and (layer_loss == "raw") == bool((want == 1).all())
 
 
@@ -242,8 +239,6 @@ def test_top_k_larger_than_layers_is_a_config_error(tmp_path):
 
 def test_server_keeps_trained_models_and_updates_only_replying_hypernetworks(grid_factory, tmp_path):
     strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="pfedla", fraction_train=0.67)
-    # Distinct client models (in round 1 they are all equal, and alpha gets no gradient).
-    strategy.theta += 0.01 * torch.randn_like(strategy.theta)
     initial = strategy.theta.clone()
     before = {k: v.clone() for k, v in strategy.hn.params.items()}
     msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
@@ -345,20 +340,41 @@ def test_alpha_leaves_uniform_on_a_real_model(grid_factory, tmp_path):
     """Digits, 6 clients in 2 label groups, 4 rounds of 1 epoch: the weights on the own group
     pull ahead in every layer; with hn-lr=0 they stay exactly at their initial values."""
     runs = {}
-    for hn_lr in (0.05, 0.0):
+    for hn_lr in (1.0, 0.0):
         cfg = run_config(partition="label-groups", label_groups=2, num_server_rounds=4, local_epochs=1, pfedla__hn_lr=hn_lr,
                          results_dir=str(tmp_path / str(hn_lr)))  # fmt: skip
         build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 6))
         runs[hn_lr] = json.loads((tmp_path / str(hn_lr) / "metrics.json").read_text())
-    learned, frozen = runs[0.05]["rounds"], runs[0.0]["rounds"]
-    assert all(r > 1.3 for r in learned[-1]["alpha-structure"]["ratio"])
+    learned, frozen = runs[1.0]["rounds"], runs[0.0]["rounds"]
+    structure = learned[-1]["alpha-structure"]
+    assert all(same > 1.3 * disjoint for same, disjoint in zip(structure["same"], structure["disjoint"]))
     assert np.abs(np.array([learned[-1]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() > 0.03
     assert all(r["alpha"] == frozen[0]["alpha"] for r in frozen)
     assert np.abs(np.array([frozen[0]["alpha"][str(i)] for i in range(6)]) - 1 / 6).max() < 0.005
-    assert runs[0.05]["evaluation"] == {
+    assert runs[1.0]["evaluation"] == {
         "evaluates": "its personalized model as the server sends it (HeurpFedLA: its retained layers its own)",
         "finetune-epochs": 0,
     }
+
+
+def test_two_groups_that_share_no_class_personalize_in_round_1(grid_factory, tmp_path):
+    """Digits, 6 clients in 2 label groups (no class in common), 1 round of 1 epoch: every
+    client's weight on its own group exceeds the uniform start's share in every layer, and its
+    personalized model is more accurate than FedAvg's global model after the same round."""
+    docs = {}
+    for method in ("pfedla", "fedavg"):
+        cfg = run_config(method=method, partition="label-groups", label_groups=2, num_server_rounds=1, local_epochs=1,
+                         results_dir=str(tmp_path / method))  # fmt: skip
+        build_strategy(load_settings(cfg)).start(grid=grid_factory(cfg, 6))
+        docs[method] = json.loads((tmp_path / method / "metrics.json").read_text())
+    first = docs["pfedla"]["rounds"][0]
+    classes = {int(c): set(v) for c, v in docs["pfedla"]["client-classes"].items()}
+    for i in range(6):
+        group = [j for j in range(6) if classes[j] == classes[i]]
+        assert len(group) == 3 and not classes[i] & classes[(set(range(6)) - set(group)).pop()]
+        shares = [sum(weights[j] for j in group) for weights in first["alpha"][str(i)]]
+        assert min(shares) > 0.5 + 0.05, (i, shares)
+    assert first["accuracy"] > docs["fedavg"]["rounds"][0]["accuracy"] + 0.1
 
 
 def test_heurpfedla_client_whose_reply_was_lost_gets_every_layer_next(grid_factory, tmp_path):

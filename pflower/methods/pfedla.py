@@ -9,7 +9,7 @@ from pflower.methods.declaration import Method, MethodParams
 
 class PFedLAParams(MethodParams):
     hn_lr: float = Field(
-        0.05, ge=0, description="SGD step of the hypernetworks and embeddings on the spread-normalized loss; 0 freezes the weights (the ablation)"
+        1.0, ge=0, description="SGD step of the hypernetworks and embeddings on the spread-normalized loss; 0 freezes the weights (the ablation)"
     )
     head_start: Literal["sum-1", "sum-n"] = Field(
         "sum-1",

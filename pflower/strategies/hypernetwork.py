@@ -14,18 +14,23 @@ projection for larger N, so memory per client stays O(hidden * key-dim), not O(N
 Parameters are gathered for the clients at hand and updated by scatter (plain SGD), so no
 gradient buffer ever has the size of all N hypernetworks.
 
-Two choices make the weights learn at any model size and N (the paper leaves both open):
+Three choices make the weights learn quickly at any model size and N (the paper leaves the
+first two open; the third is the order of its Algorithm 1):
 
 - The heads' raw outputs start at 1/N each (their sum is 1), so the normalization is nearly
   the identity and a step on a head moves alpha by as much. Raw outputs of 1 (sum N) damp
-  every step on alpha by 1/N^2: with N = 10 the weights stayed within 0.0986..0.1012 for 30
-  MNIST rounds (the pfedla-ablation suite, head-start='sum-n').
+  every step on alpha by 1/N^2 (``head-start='sum-n'``, the ablation).
 - The hypernetwork's loss for layer l is divided by the spread of the clients' layer l,
   sum_j ||theta_j^l - mean_j theta_j^l||^2 (the trace of the Hessian of the loss in alpha):
   the gradient in alpha is then the same for a 400- and a 16-million-parameter layer, and
   the largest step size that keeps alpha stable does not depend on N either. Without it,
   the first layer of the MNIST CNN (416 parameters) barely moved while the 65k-parameter
   one did.
+- The step is taken at the client models after the round's training (Algorithm 1 updates
+  theta, line 7, before v_i and psi_i, line 8): the weights then move toward the models the
+  next round will mix. At the models the round started from, every client's model is the
+  initial one in round 1, so the weights get no gradient there, and later the step measures
+  how the weights would have changed a model that is already replaced.
 """
 
 from __future__ import annotations
@@ -142,28 +147,29 @@ def hypernetwork_update(
     hn: HyperNetworks,
     ids: torch.Tensor,
     theta: torch.Tensor,
-    trained: torch.Tensor,
+    delta: torch.Tensor,
     segments: list[tuple[int, int]],
     lr: float,
     retained: torch.Tensor | None = None,
     spread: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One SGD step of the hypernetworks of clients ``ids`` toward their trained models.
+) -> None:
+    """One SGD step of the hypernetworks of clients ``ids``: the paper's Eq. 10-11,
+    Delta psi_i = (grad_psi bar_theta_i)^T Delta theta_i, with the weights' Jacobian taken at the
+    client models ``theta`` and ``delta`` each client's update (trained minus what it was sent).
 
-    The personalized models bar_theta are regenerated from the snapshot ``theta`` with autograd
-    (``retained`` layers from the client's own model, so they carry no gradient). The loss is
-    sum_l ||bar_theta^l - trained^l||^2 / (2 spread_l) with ``spread`` from :func:`layer_spread`
-    of the snapshot (a layer on which all clients agree has no say); its gradient
-    grad_outputs = (bar_theta - trained) / spread (-delta, as in pFedHN, scaled) makes the step
-    move bar_theta toward the trained models. Returns the bar_theta used (before the step).
+    The personalized models bar_theta = mix(alpha, theta) are regenerated with autograd
+    (``retained`` layers from the client's own model, so they carry no gradient) and the step
+    moves them along ``delta``: descent on sum_l ||bar_theta^l - (bar_theta^l + delta^l)||^2 /
+    (2 spread_l), the update's layer l weighed by 1 / ``spread_l`` (:func:`layer_spread` of
+    ``theta``; a layer on which all clients agree has no say). So weight flows to the clients whose
+    models lie where the update went.
     """
     spread = layer_spread(theta, segments) if spread is None else spread
     scale = torch.cat([torch.full((b - a,), 1.0 / s if s > 1e-12 else 0.0) for (a, b), s in zip(segments, spread.tolist())])
     p = hn.gather(ids, requires_grad=True)
     bar = mix(keep_retained(hn.alpha(ids, p), ids, retained), theta, segments)
-    grads = torch.autograd.grad(bar, list(p.values()), grad_outputs=(bar.detach() - trained) * scale, allow_unused=True)
+    grads = torch.autograd.grad(bar, list(p.values()), grad_outputs=-delta * scale, allow_unused=True)
     hn.step(ids, {k: g for k, g in zip(p, grads) if g is not None}, lr)
-    return bar.detach()
 
 
 @dataclass

@@ -2,12 +2,13 @@
 
 Server state: every client's latest model (rows of ``theta`` [N, P], parameters only: BN
 statistics stay on the clients) and one hypernetwork per client (``HyperNetworks``).
-Each round, from one snapshot of ``theta``:
+Each round (the paper's Algorithm 1, clients in parallel):
 
 1. every sampled client i gets bar_theta_i, layer l = sum_j alpha_i^{l,j} theta_j^l;
-2. it trains locally and returns theta_i_new;
-3. the hypernetworks of the replying clients take one step that moves bar_theta_i toward
-   theta_i_new, then theta_i <- theta_i_new;
+2. it trains locally and returns theta_i_new; its update is Delta_i = theta_i_new - bar_theta_i;
+3. the server keeps theta_i <- theta_i_new, then the hypernetwork of every replying client
+   takes one step (Eq. 10-11) along Delta_i, with the weights' Jacobian at the kept models: the
+   weights move toward the clients whose models lie where the update went;
 4. every client evaluates its personalized model as the server sends it, from the new
    weights and models (the paper's protocol): what it evaluates is what aggregation made.
 
@@ -50,7 +51,7 @@ class PFedLA(PersonalModels):
     """
 
     def __init__(
-        self, *, hn_lr: float = 0.05, head_start: str = "sum-1", layer_loss: str = "spread", embedding_dim: int = 100, hidden_dim: int = 100,
+        self, *, hn_lr: float = 1.0, head_start: str = "sum-1", layer_loss: str = "spread", embedding_dim: int = 100, hidden_dim: int = 100,
         key_dim: int = 100, top_k: int = 0, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
@@ -123,23 +124,30 @@ class PFedLA(PersonalModels):
         no = torch.zeros(len(self.layers), dtype=torch.bool)
         return torch.stack([self.retained_in_training.get(c, no) for c in ids])
 
+    def sent(self, ids: Sequence[int]) -> torch.Tensor:
+        """[len(ids), P]: what clients ``ids`` were sent this round (bar_theta_i from the current
+        weights and models, their retained layers their own models)."""
+        idx = torch.tensor(list(ids))
+        with torch.no_grad():
+            return mix(keep_retained(self.hn.alpha(idx), idx, self._retained_mask(ids)), self.theta, self.segments)
+
     def update_reference(self, client_id: int) -> dict[str, torch.Tensor]:
         """What the client trained from: bar_theta_i, with its retained layers its own model."""
-        idx = torch.tensor([client_id])
-        with torch.no_grad():
-            alpha = keep_retained(self.hn.alpha(idx), idx, self._retained_mask([client_id]))
-            return self.spec.unflatten(mix(alpha, self.theta, self.segments)[0])
+        return self.spec.unflatten(self.sent([client_id])[0])
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        """Hypernetwork steps against the round's snapshot, then the new client models."""
-        if self.hn_lr > 0:
-            spread = layer_spread(self.theta, self.segments) if self.layer_loss == "spread" else torch.ones(len(self.segments), dtype=torch.float64)
-            for part in chunks(replies):
-                ids = [r.client_id for r in part]
-                trained = self.spec.stack(r.arrays for r in part)
-                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, trained, self.segments, self.hn_lr,
-                                    retained=self._retained_mask(ids), spread=spread)  # fmt: skip
+        """The replying clients' updates against what they were sent, their trained models into
+        ``theta``, then the hypernetwork steps at the kept models."""
+        updates = []
+        for part in chunks(replies) if self.hn_lr > 0 else ():
+            ids = [r.client_id for r in part]
+            updates.append((ids, self.spec.stack(r.arrays for r in part) - self.sent(ids)))
         self.store(replies)
+        if updates:
+            spread = layer_spread(self.theta, self.segments) if self.layer_loss == "spread" else torch.ones(len(self.segments), dtype=torch.float64)
+            for ids, delta in updates:
+                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr,
+                                    retained=self._retained_mask(ids), spread=spread)  # fmt: skip
         self.unsynced -= {r.client_id for r in replies}
 
     def state_dict(self) -> dict:
