@@ -257,7 +257,20 @@ def recorded(pair: Pair, tool: str, seed: int) -> bool:
     doc = json.loads(path.read_text())
     if tool == "flbench":
         return doc.get("command") == list(pair.flbench) and doc.get("reads") == pair.reads and doc.get("model") == pair.model
-    return all(doc.get("config", {}).get(k) == v for k, v in pair.pflower.items())
+    return comparable(doc.get("config", {})) == comparable({**COMMON, **pair.pflower})
+
+
+#: What differs from run to run of a pair: not compared with the pair's declaration.
+PER_RUN = ("data-dir", "results-dir", "seed", "client-classes")
+
+
+def comparable(config: dict) -> dict:
+    """A pflower run's whole config (the app's defaults, its method's keys included, then
+    ``config``) without what differs from run to run: a record counts while its pair, or a
+    default it runs with, is as it was."""
+    from pflower.bench import resolved_config
+
+    return {k: v for k, v in resolved_config(config).items() if k not in PER_RUN}
 
 
 def workspace(flbench: Path, results: Path, seed: int, python: str, mnist: Path) -> tuple[Path, list[list[int]]]:
@@ -308,7 +321,9 @@ def run_pflower(pair: Pair, seed: int, classes: list[list[int]], mnist: Path, re
         (results / f"pflower-{pair.label}-seed{seed}.log").write_text(log)
         raise SystemExit(f"pflower {pair.label} seed {seed} ended {state}; log in {results}")
     doc = json.loads((out / "metrics.json").read_text())
-    kept = {k: v for k, v in config.items() if k not in ("data-dir", "results-dir")}
+    from pflower.bench import resolved_config
+
+    kept = {k: v for k, v in resolved_config(config).items() if k not in ("data-dir", "results-dir")}
     return {"accuracy": [r["weighted-accuracy"] for r in doc["rounds"]], "wall-seconds": time.perf_counter() - t0, "config": kept, "code": code_version()}
 
 

@@ -1,32 +1,43 @@
 """pFedLA's choices, one at a time: each difference from the other public implementations (and
-from pflower's previous pFedLA) measured in the setting of ``bench/flbench.py``.
+from pflower's previous pFedLA) measured in two settings.
 
 Every variant is pflower's pFedLA with one thing changed, run in process (the real strategy and
 ClientApp through Flower's wire format, ``tests/conftest.py``'s grid: the numbers a Flower
-simulation gives) on MNIST's test pool, 10 clients with FL-bench's class assignment of each seed
-(read from ``bench/records/flbench``), 20 rounds of 1 epoch, batch 32, lr 0.05, seeds 0-2:
+simulation gives), seeds 0-2, in two settings:
 
-- ``pflower``: pFedLA as it is.
-- ``before``: pflower's previous pFedLA (hn-lr 0.05, the step taken at the round's starting
-  models).
-- ``start-models``: the step taken at the round's starting models, the models the client's
-  personalized model was mixed from (as FL-bench and the other public port do), instead of at
-  the stored trained models.
-- ``hn-lr-0.05``, ``hn-lr-0.2``, ``hn-lr-0.5``, ``hn-lr-2``: other step sizes (0.05 the previous one).
+- ``matched``: ``bench/flbench.py``'s: MNIST's test pool, 10 clients with FL-bench's class
+  assignment of each seed (2 classes each, read from ``bench/records/flbench``), 20 rounds of 1
+  epoch, batch 32, lr 0.05; the pooled accuracy of the model each client is sent, per round.
+- ``iid``: scikit-learn's digits shared out IID over 10 clients, 10 rounds of 1 epoch, the run
+  config's defaults otherwise (lr 0.1, batch 32): where FedAvg is far above Local, so a method
+  that personalizes where nothing differs loses.
+
+The rows:
+
+- ``pflower``: pFedLA as it is (the step at the kept models, the loss scaled by the clients'
+  norms, step 100).
+- ``before``: pflower's previous pFedLA (the step at the round's starting models, the loss
+  scaled by the clients' spread, step 0.05).
+- ``start-models``: the step's Jacobian at the round's starting models, the models the client's
+  personalized model was mixed from (as FL-bench and the other public port do), not at the kept
+  trained models.
+- ``spread``: the loss scaled by the clients' spread instead of their norms, at step 1.0.
+- ``hn-lr-20``, ``hn-lr-300``: other step sizes.
 - ``per-tensor``: a weight per parameter tensor (a layer's weight and bias apart), as FL-bench.
 - ``stored-plus-update``: the server keeps theta_i + (trained - sent) instead of the trained
   model, as FL-bench writes it.
 - ``sequential``: the round's clients one after another, each mixed from the models of the
   clients before it (FL-bench's serial loop); the paper's Algorithm 1 trains them in parallel.
 - ``flbench-heads``: FL-bench's hypernetwork heads (weights uniform in [0, 1), zero bias, so
-  raw outputs far above 1/N), its raw per-layer loss and its step 0.005.
+  raw outputs far above 1/N), its unscaled loss and its step 0.005.
 - ``flbench-sign``: the step in FL-bench's direction, away from the trained model (its
   gradient is the update, not minus it).
+- ``local``, ``fedavg``: the two methods themselves, for reference.
 
 What FL-bench's own pFedLA does (each client trains and is evaluated on its stored model, so the
 weights never reach a model) is shown by ``bench/flbench.py``'s ``pfedla-frozen`` pair.
 
-    .venv/bin/python bench/pfedla_differences.py [--variants ...] [--seeds 0 1 2]
+    .venv/bin/python bench/pfedla_differences.py [--variants ...] [--settings ...] [--seeds 0 1 2]
     .venv/bin/python bench/pfedla_differences.py --report      # the table on docs/methods/pfedla.md
 """
 
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -51,31 +63,58 @@ PAGE = ROOT / "docs" / "methods" / "pfedla.md"
 SEEDS = (0, 1, 2)
 
 from pflower.models.layers import Layer  # noqa: E402
-from pflower.strategies.hypernetwork import hypernetwork_update, layer_spread  # noqa: E402
+from pflower.strategies.hypernetwork import hypernetwork_update, layer_norms  # noqa: E402
 from pflower.strategies.personal import chunks  # noqa: E402
 from pflower.strategies.pfedla import PFedLA  # noqa: E402
 
 
+def spread(theta: torch.Tensor, segments: list[tuple[int, int]]) -> torch.Tensor:
+    """sum_j ||theta_j^l - mean_k theta_k^l||^2 per layer l (the previous scale of the loss)."""
+    dev = theta.double() - theta.double().mean(0)
+    return torch.stack([dev[:, a:b].square().sum() for a, b in segments])
+
+
 class StartModels(PFedLA):
-    """The step taken at the round's starting models (the previous pFedLA, FL-bench, the other port)."""
+    """The step's Jacobian at the round's starting models (FL-bench, the other port, pflower before)."""
+
+    def scale(self) -> torch.Tensor:
+        return layer_norms(self.theta, self.segments)
 
     def aggregate(self, server_round, replies):
         if self.hn_lr > 0:
-            spread = layer_spread(self.theta, self.segments) if self.layer_loss == "spread" else torch.ones(len(self.segments), dtype=torch.float64)
+            scale = self.scale()
             for part in chunks(replies):
                 ids = [r.client_id for r in part]
                 delta = self.spec.stack(r.arrays for r in part) - self.sent(ids)
                 hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr,
-                                    retained=self._retained_mask(ids), spread=spread)  # fmt: skip
+                                    retained=self._retained_mask(ids), norms=scale)  # fmt: skip
         self.store(replies)
         self.unsynced -= {r.client_id for r in replies}
 
 
 class Before(StartModels):
-    """pflower's previous pFedLA: the step at the starting models, hn-lr 0.05."""
+    """pflower's previous pFedLA: the step at the starting models, the spread-scaled loss, step 0.05."""
 
     def __init__(self, **kw):
         super().__init__(**{**kw, "hn_lr": 0.05})
+
+    def scale(self) -> torch.Tensor:
+        return spread(self.theta, self.segments)
+
+
+class Spread(PFedLA):
+    """The loss scaled by the clients' spread (step 1.0) instead of their norms."""
+
+    def __init__(self, **kw):
+        super().__init__(**{**kw, "hn_lr": 1.0})
+
+    def aggregate(self, server_round, replies):
+        updates = [([r.client_id for r in part], self.spec.stack(r.arrays for r in part) - self.sent([r.client_id for r in part])) for part in chunks(replies)]
+        self.store(replies)
+        scale = spread(self.theta, self.segments)
+        for ids, delta in updates:
+            hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr, retained=self._retained_mask(ids), norms=scale)
+        self.unsynced -= {r.client_id for r in replies}
 
 
 def with_hn_lr(lr: float) -> type[PFedLA]:
@@ -121,7 +160,7 @@ class Sequential(PFedLA):
 
 
 class FlbenchHeads(PFedLA):
-    """FL-bench's heads: Linear weights uniform in [0, 1), zero bias; raw per-layer loss; step 0.005."""
+    """FL-bench's heads: Linear weights uniform in [0, 1), zero bias; unscaled loss; step 0.005."""
 
     def __init__(self, **kw):
         super().__init__(**{**kw, "hn_lr": 0.005, "layer_loss": "raw"})
@@ -142,9 +181,12 @@ class FlbenchSign(PFedLA):
         self.hn.step = lambda ids, grads, lr: step(ids, grads, -lr)
 
 
-VARIANTS = {"pflower": PFedLA, "before": Before, "start-models": StartModels, "hn-lr-0.05": with_hn_lr(0.05), "hn-lr-0.2": with_hn_lr(0.2),
-            "hn-lr-0.5": with_hn_lr(0.5), "hn-lr-2": with_hn_lr(2.0), "per-tensor": PerTensor,
-            "stored-plus-update": StoredPlusUpdate, "sequential": Sequential, "flbench-heads": FlbenchHeads, "flbench-sign": FlbenchSign}  # fmt: skip
+VARIANTS = {"pflower": PFedLA, "before": Before, "start-models": StartModels, "spread": Spread, "hn-lr-20": with_hn_lr(20.0),
+            "hn-lr-300": with_hn_lr(300.0), "per-tensor": PerTensor, "stored-plus-update": StoredPlusUpdate, "sequential": Sequential,
+            "flbench-heads": FlbenchHeads, "flbench-sign": FlbenchSign}  # fmt: skip
+#: The methods themselves, beside the variants.
+REFERENCES = ("local", "fedavg")
+ROWS = (*VARIANTS, *REFERENCES)
 
 
 def classes_of(seed: int) -> list[list[int]]:
@@ -154,18 +196,24 @@ def classes_of(seed: int) -> list[list[int]]:
     return json.loads(path.read_text())["client-classes"]
 
 
-def matched_config(seed: int, mnist: Path) -> dict:
-    """The setting of ``bench/flbench.py`` for ``seed`` (pyproject's defaults, then its keys)."""
+def settings_config(setting: str, seed: int, data_root: Path) -> dict:
+    """The whole run config of ``setting`` for ``seed`` (pyproject's defaults, then its keys)."""
     from conftest import DEFAULTS
 
-    return {**DEFAULTS, "method": "pfedla", "dataset": "mnist", "data-dir": str(mnist), "partition": "classes", "model": "cnn",
+    if setting == "iid":
+        return {**DEFAULTS, "method": "pfedla", "partition": "iid", "num-server-rounds": 10, "local-epochs": 1, "seed": seed}
+    return {**DEFAULTS, "method": "pfedla", "dataset": "mnist", "data-dir": str(data_root / "mnist"), "partition": "classes", "model": "cnn",
             "client-classes": ";".join(",".join(map(str, c)) for c in classes_of(seed)), "test-fraction": 0.25,
             "num-server-rounds": 20, "local-epochs": 1, "batch-size": 32, "lr": 0.05, "seed": seed}  # fmt: skip
 
 
-def run(variant: str, cfg: dict, num_clients: int = 10) -> list[float]:
-    """The pooled accuracy per round of ``variant`` on ``cfg`` (a whole pfedla run config), in
-    process (two-phase rounds for ``sequential``, whose loop sends one client at a time)."""
+SETTINGS = ("matched", "iid")
+
+
+def run(row: str, cfg: dict, num_clients: int = 10) -> list[float]:
+    """The pooled accuracy per round of ``row`` (a variant, or a reference method) on ``cfg``, a
+    whole pfedla run config, in process (two-phase rounds for ``sequential``, whose loop sends one
+    client at a time)."""
     from conftest import InProcessGrid
 
     import pflower.methods as methods
@@ -176,8 +224,10 @@ def run(variant: str, cfg: dict, num_clients: int = 10) -> list[float]:
     declaration = type(methods.get("pfedla"))
     real = declaration.strategy_class
     with tempfile.TemporaryDirectory() as out:
-        cfg = {**cfg, "results-dir": out, "single-message": variant != "sequential"}
-        declaration.strategy_class = lambda self: VARIANTS[variant]
+        cfg = {**{k: v for k, v in cfg.items() if not (row in REFERENCES and k.startswith("pfedla."))}, "results-dir": out,
+               "single-message": row != "sequential", **({"method": row} if row in REFERENCES else {})}  # fmt: skip
+        if row in VARIANTS:
+            declaration.strategy_class = lambda self: VARIANTS[row]
         try:
             build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, num_clients))
         finally:
@@ -189,27 +239,28 @@ def run(variant: str, cfg: dict, num_clients: int = 10) -> list[float]:
 def report() -> str:
     from pflower.bench import write_block
 
-    data: dict[str, list[list[float]]] = {}
-    for path in sorted(RECORDS.glob("*.json")):
+    data: dict[tuple[str, str], list[list[float]]] = {}
+    for path in sorted(RECORDS.glob("*/*.json")):
         doc = json.loads(path.read_text())
-        data.setdefault(doc["variant"], []).append(doc["accuracy"])
+        data.setdefault((doc["setting"], doc["row"]), []).append(doc["accuracy"])
 
-    def cell(runs: list[list[float]], r: int) -> str:
-        values = [100 * a[r - 1] for a in runs]
+    def cell(setting: str, row: str, r: int) -> str:
+        values = [100 * a[r - 1] for a in data.get((setting, row), [])]
+        if not values:
+            return "—"
         return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
-    lines = ["| variant | round 1 | round 5 | round 20 | seeds |", "|---|---|---|---|---|"]
-    lines += [f"| `{v}` | {cell(data[v], 1)} | {cell(data[v], 5)} | {cell(data[v], 20)} | {len(data[v])} |" for v in VARIANTS if v in data]
+    lines = ["| row | matched, round 1 | round 5 | round 20 | IID digits, round 10 |", "|---|---|---|---|---|"]
+    lines += [f"| `{row}` | {cell('matched', row, 1)} | {cell('matched', row, 5)} | {cell('matched', row, 20)} | {cell('iid', row, 10)} |" for row in ROWS]
     text = "\n".join(lines) + "\n"
     write_block(PAGE, "pfedla-differences", text)
     return text
 
 
 def main() -> int:
-    import os
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--variants", nargs="*", choices=list(ROWS), default=list(ROWS))
+    p.add_argument("--settings", nargs="*", choices=SETTINGS, default=list(SETTINGS))
     p.add_argument("--seeds", nargs="*", type=int, default=list(SEEDS))
     p.add_argument("--data-root", type=Path, default=Path(os.environ.get("PFLOWER_DATA", Path.home() / "pflower-data")))
     p.add_argument("--report", action="store_true")
@@ -219,17 +270,21 @@ def main() -> int:
         return 0
     from pflower.bench import code_version, machine
 
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    for variant in args.variants:
-        for seed in args.seeds:
-            path = RECORDS / f"{variant}-seed{seed}.json"
-            if path.exists():
-                continue
-            t0 = time.perf_counter()
-            a = run(variant, matched_config(seed, args.data_root / "mnist"))
-            doc = {"variant": variant, "seed": seed, "accuracy": a, "wall-seconds": time.perf_counter() - t0, "machine": machine(), "code": code_version()}
-            path.write_text(json.dumps(doc, indent=1) + "\n")
-            print(f"{variant} seed {seed}: round 1 {a[0]:.4f}, round 5 {a[4]:.4f}, round 20 {a[-1]:.4f} ({doc['wall-seconds']:.0f} s)", flush=True)
+    for setting in args.settings:
+        for row in args.variants:
+            for seed in args.seeds:
+                path = RECORDS / setting / f"{row}-seed{seed}.json"
+                if path.exists():
+                    continue
+                t0 = time.perf_counter()
+                a = run(row, settings_config(setting, seed, args.data_root))
+                doc = {"setting": setting, "row": row, "seed": seed, "accuracy": a, "wall-seconds": time.perf_counter() - t0,
+                       "machine": machine(), "code": code_version()}  # fmt: skip
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(doc, indent=1) + "\n")
+                print(
+                    f"{setting} {row} seed {seed}: round 1 {a[0]:.4f}, round 5 {a[4]:.4f}, round {len(a)} {a[-1]:.4f} ({doc['wall-seconds']:.0f} s)", flush=True
+                )
     return 0
 
 

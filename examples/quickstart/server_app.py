@@ -14,7 +14,7 @@ def main(grid: Grid, context: Context) -> None:
     model = Net()
     results = context.run_config["results-dir"] or None  # metrics.json, figures, a checkpoint a round
     if context.run_config["strategy"] == "pfedla":
-        strategy = PFedLA(hn_lr=0.05, fraction_evaluate=0.5, evaluate_every=2, results_dir=results)
+        strategy = PFedLA(fraction_evaluate=0.5, evaluate_every=2, results_dir=results)
     else:
         strategy = FedAvg(fraction_train=0.67, results_dir=results)
 

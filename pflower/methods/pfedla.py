@@ -8,16 +8,14 @@ from pflower.methods.declaration import Method, MethodParams
 
 
 class PFedLAParams(MethodParams):
-    hn_lr: float = Field(
-        1.0, ge=0, description="SGD step of the hypernetworks and embeddings on the spread-normalized loss; 0 freezes the weights (the ablation)"
-    )
+    hn_lr: float = Field(100.0, ge=0, description="SGD step of the hypernetworks and embeddings on the norm-scaled loss; 0 freezes the weights (the ablation)")
     head_start: Literal["sum-1", "sum-n"] = Field(
         "sum-1",
         description="the heads' raw outputs start at 1/N each (`sum-1`: the weights learn) or at 1 each (`sum-n`, as the paper leaves it: every step on the weights damped by 1/N², the ablation)",
     )
-    layer_loss: Literal["spread", "raw"] = Field(
-        "spread",
-        description="each layer's hypernetwork loss divided by the clients' spread in that layer (`spread`) or not (`raw`, as the paper leaves it: large layers dominate, the ablation)",
+    layer_loss: Literal["norm", "raw"] = Field(
+        "norm",
+        description="each layer's hypernetwork loss divided by the clients' squared norms in that layer (`norm`) or not (`raw`, as the paper leaves it: large layers dominate, the ablation)",
     )
     embedding_dim: int = Field(100, ge=1, le=4096, description="size of each client's embedding")
     hidden_dim: int = Field(100, ge=1, le=4096, description="width of the hypernetworks' 3-layer ReLU MLP")

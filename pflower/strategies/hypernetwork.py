@@ -20,12 +20,14 @@ first two open; the third is the order of its Algorithm 1):
 - The heads' raw outputs start at 1/N each (their sum is 1), so the normalization is nearly
   the identity and a step on a head moves alpha by as much. Raw outputs of 1 (sum N) damp
   every step on alpha by 1/N^2 (``head-start='sum-n'``, the ablation).
-- The hypernetwork's loss for layer l is divided by the spread of the clients' layer l,
-  sum_j ||theta_j^l - mean_j theta_j^l||^2 (the trace of the Hessian of the loss in alpha):
-  the gradient in alpha is then the same for a 400- and a 16-million-parameter layer, and
-  the largest step size that keeps alpha stable does not depend on N either. Without it,
-  the first layer of the MNIST CNN (416 parameters) barely moved while the 65k-parameter
-  one did.
+- The hypernetwork's loss for layer l is divided by the clients' squared norms in that layer,
+  sum_j ||theta_j^l||^2 (the trace of the Gram matrix of the models that the weights mix):
+  the gradient in alpha is then the same for a 400- and a 16-million-parameter layer and for
+  any scale of its parameters. Without it (``layer-loss='raw'``), the first layer of the MNIST
+  CNN (416 parameters) barely moves while the 65k-parameter one does. Dividing by the clients'
+  spread instead, sum_j ||theta_j^l - mean_k theta_k^l||^2, equalizes the layers too but blows
+  the step up where the clients agree: on IID data every step then fits noise and pFedLA falls
+  to Local's accuracy, far below FedAvg's (bench/pfedla_differences.py, ``spread``).
 - The step is taken at the client models after the round's training (Algorithm 1 updates
   theta, line 7, before v_i and psi_i, line 8): the weights then move toward the models the
   next round will mix. At the models the round started from, every client's model is the
@@ -126,19 +128,12 @@ def mix(alpha: torch.Tensor, theta: torch.Tensor, segments: list[tuple[int, int]
     return torch.cat([alpha[:, l, :] @ theta[:, a:b] for l, (a, b) in enumerate(segments)], dim=1)
 
 
-def layer_spread(theta: torch.Tensor, segments: list[tuple[int, int]], chunk: int = 64) -> torch.Tensor:
-    """sum_j ||theta_j^l - mean_j theta_j^l||^2 per layer l: [L], in float64, ``chunk`` rows at a time.
-
-    The mean goes by blocks of columns of the same size as a chunk of rows: ``theta.mean(0,
-    dtype=float64)`` at once casts all of ``theta`` (612 MiB at N = 1000 with the MNIST CNN).
-    Each column's mean is reduced from that column alone, so the blocks give the same numbers.
-    """
-    n, p = theta.shape
-    cols = max(1, chunk * p // n)
-    mean = torch.cat([theta[:, a : a + cols].mean(0, dtype=torch.float64) for a in range(0, p, cols)])
+def layer_norms(theta: torch.Tensor, segments: list[tuple[int, int]], chunk: int = 64) -> torch.Tensor:
+    """sum_j ||theta_j^l||^2 per layer l: [L], in float64, ``chunk`` rows at a time (a float64
+    copy of all of ``theta`` is 612 MiB at N = 1000 with the MNIST CNN)."""
     out = torch.zeros(len(segments), dtype=torch.float64)
     for start in range(0, theta.shape[0], chunk):
-        sq = (theta[start : start + chunk].double() - mean).square()
+        sq = theta[start : start + chunk].double().square()
         out += torch.stack([sq[:, a:b].sum() for a, b in segments])
     return out
 
@@ -151,21 +146,20 @@ def hypernetwork_update(
     segments: list[tuple[int, int]],
     lr: float,
     retained: torch.Tensor | None = None,
-    spread: torch.Tensor | None = None,
+    norms: torch.Tensor | None = None,
 ) -> None:
     """One SGD step of the hypernetworks of clients ``ids``: the paper's Eq. 10-11,
     Delta psi_i = (grad_psi bar_theta_i)^T Delta theta_i, with the weights' Jacobian taken at the
     client models ``theta`` and ``delta`` each client's update (trained minus what it was sent).
 
     The personalized models bar_theta = mix(alpha, theta) are regenerated with autograd
-    (``retained`` layers from the client's own model, so they carry no gradient) and the step
-    moves them along ``delta``: descent on sum_l ||bar_theta^l - (bar_theta^l + delta^l)||^2 /
-    (2 spread_l), the update's layer l weighed by 1 / ``spread_l`` (:func:`layer_spread` of
-    ``theta``; a layer on which all clients agree has no say). So weight flows to the clients whose
-    models lie where the update went.
+    (``retained`` layers from the client's own model, so they carry no gradient) and moved along
+    ``delta``: the gradient reaching them is -delta^l / ``norms_l`` in layer l (:func:`layer_norms`
+    of ``theta`` unless given; a layer whose norms are all 0 has no say). So weight flows to the
+    clients whose models lie where the update went.
     """
-    spread = layer_spread(theta, segments) if spread is None else spread
-    scale = torch.cat([torch.full((b - a,), 1.0 / s if s > 1e-12 else 0.0) for (a, b), s in zip(segments, spread.tolist())])
+    norms = layer_norms(theta, segments) if norms is None else norms
+    scale = torch.cat([torch.full((b - a,), 1.0 / s if s > 1e-12 else 0.0) for (a, b), s in zip(segments, norms.tolist())])
     p = hn.gather(ids, requires_grad=True)
     bar = mix(keep_retained(hn.alpha(ids, p), ids, retained), theta, segments)
     grads = torch.autograd.grad(bar, list(p.values()), grad_outputs=-delta * scale, allow_unused=True)

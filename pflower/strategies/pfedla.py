@@ -33,7 +33,7 @@ from pflower.config import ConfigError, Settings
 from pflower.models import layers
 from pflower.records import to_record
 from pflower.similarity import alpha_structure
-from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_spread, mix
+from pflower.strategies.hypernetwork import HyperNetworks, hypernetwork_update, keep_retained, layer_norms, mix
 from pflower.strategies.personal import LazyRecords, PersonalModels, chunks
 from pflower.strategies.validation import Reply
 
@@ -51,13 +51,13 @@ class PFedLA(PersonalModels):
     """
 
     def __init__(
-        self, *, hn_lr: float = 1.0, head_start: str = "sum-1", layer_loss: str = "spread", embedding_dim: int = 100, hidden_dim: int = 100,
+        self, *, hn_lr: float = 100.0, head_start: str = "sum-1", layer_loss: str = "norm", embedding_dim: int = 100, hidden_dim: int = 100,
         key_dim: int = 100, top_k: int = 0, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.hn_lr, self.embedding_dim, self.hidden_dim, self.key_dim, self.top_k = hn_lr, embedding_dim, hidden_dim, key_dim, top_k
-        if head_start not in ("sum-1", "sum-n") or layer_loss not in ("spread", "raw"):
-            raise ValueError(f"head_start={head_start!r} must be 'sum-1' or 'sum-n', layer_loss={layer_loss!r} 'spread' or 'raw'")
+        if head_start not in ("sum-1", "sum-n") or layer_loss not in ("norm", "raw"):
+            raise ValueError(f"head_start={head_start!r} must be 'sum-1' or 'sum-n', layer_loss={layer_loss!r} 'norm' or 'raw'")
         self.head_start, self.layer_loss = head_start, layer_loss
         self.hn: HyperNetworks | None = None
         self.retained_in_training: dict[int, torch.Tensor] = {}  # client -> [L] bool, this round's training message
@@ -144,10 +144,10 @@ class PFedLA(PersonalModels):
             updates.append((ids, self.spec.stack(r.arrays for r in part) - self.sent(ids)))
         self.store(replies)
         if updates:
-            spread = layer_spread(self.theta, self.segments) if self.layer_loss == "spread" else torch.ones(len(self.segments), dtype=torch.float64)
+            norms = layer_norms(self.theta, self.segments) if self.layer_loss == "norm" else torch.ones(len(self.segments), dtype=torch.float64)
             for ids, delta in updates:
                 hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr,
-                                    retained=self._retained_mask(ids), spread=spread)  # fmt: skip
+                                    retained=self._retained_mask(ids), norms=norms)  # fmt: skip
         self.unsynced -= {r.client_id for r in replies}
 
     def state_dict(self) -> dict:
