@@ -104,9 +104,10 @@ def test_a_core_count_below_one_stops_pflower_sim_at_argument_parsing(capsys, co
     assert f"argument --cpus-per-client: '{cores}' is not a number of CPU cores: a whole number of at least 1" in capsys.readouterr().err
 
 
-def test_resources_this_machine_lacks_stop_pflower_sim_before_anything_starts(monkeypatch, capsys):
+def test_resources_this_machine_lacks_stop_pflower_sim_before_anything_starts(monkeypatch, capsys, tmp_path):
     """More cores than the machine has, or a GPU share where torch sees too few GPUs: no ClientApp
-    could start, which Flower would say only after the run started ('ActorPool is empty')."""
+    could start, which Flower would say only after the run started ('ActorPool is empty'). The
+    results-dir is a temporary one: the checkout's `results/` may hold the main job's run."""
     import torch
 
     from pflower import launcher
@@ -117,12 +118,13 @@ def test_resources_this_machine_lacks_stop_pflower_sim_before_anything_starts(mo
     started = []
     monkeypatch.setattr(launcher, "simulate", lambda *a, **k: started.append(a))
     app = str(launcher.Path(__file__).resolve().parents[1])
-    assert launcher.main(["--cpus-per-client", "5", "--app", app]) == 2
+    out = ["-c", f"results-dir='{tmp_path / 'results'}'"]
+    assert launcher.main(["--cpus-per-client", "5", "--app", app, *out]) == 2
     assert "pflower-sim: --cpus-per-client 5: this machine has 4 cores, so no ClientApp could start" in capsys.readouterr().err
-    assert launcher.main(["--gpus-per-client", "2", "--app", app]) == 2
+    assert launcher.main(["--gpus-per-client", "2", "--app", app, *out]) == 2
     assert "pflower-sim: --gpus-per-client 2: this machine has 1 GPU(s) that torch sees" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert launcher.main(["--gpus-per-client", "0.25", "--app", app]) == 2
+    assert launcher.main(["--gpus-per-client", "0.25", "--app", app, *out]) == 2
     assert started == []
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert launcher.resources_problem(4, 2.0) is None and launcher.resources_problem(4, 0.25) is None
