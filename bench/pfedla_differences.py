@@ -86,8 +86,7 @@ class StartModels(PFedLA):
             for part in chunks(replies):
                 ids = [r.client_id for r in part]
                 delta = self.spec.stack(r.arrays for r in part) - self.sent(ids)
-                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr,
-                                    retained=self._retained_mask(ids), norms=scale)  # fmt: skip
+                hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr, norms=scale)
         self.store(replies)
         self.unsynced -= {r.client_id for r in replies}
 
@@ -113,7 +112,7 @@ class Spread(PFedLA):
         self.store(replies)
         scale = spread(self.theta, self.segments)
         for ids, delta in updates:
-            hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr, retained=self._retained_mask(ids), norms=scale)
+            hypernetwork_update(self.hn, torch.tensor(ids), self.theta, delta, self.segments, self.hn_lr, norms=scale)
         self.unsynced -= {r.client_id for r in replies}
 
 

@@ -121,28 +121,6 @@ def test_the_step_hardly_moves_the_weights_where_the_clients_agree():
     assert moved["alike"] < moved["apart"] / 10
 
 
-def test_retained_layers_take_no_part_in_the_hypernetwork_step():
-    """HeurpFedLA: a retained layer started from the client's own model, whatever the weights:
-    the step ignores its delta, and retaining every layer leaves the hypernetwork unchanged."""
-    torch.manual_seed(1)
-    theta = torch.randn(3, 10)
-    ids = torch.tensor([0, 1])
-    retained = torch.tensor([[True, False], [False, False]])
-    trained = theta[:2] + 0.3 * torch.randn(2, 10)
-    other = trained.clone()
-    other[0, :6] += 5.0  # only client 0's retained layer differs
-    after = []
-    for target in (trained, other):
-        hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
-        hypernetwork_update(hn, ids, theta, target - theta[:2], SEGMENTS, lr=0.05, retained=retained)
-        after.append(hn.params)
-    assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
-    hn = HyperNetworks.create(3, 2, 8, 8, 100, seed=0)
-    before = {k: v.clone() for k, v in hn.params.items()}
-    hypernetwork_update(hn, torch.tensor([0]), theta, trained[:1] - theta[:1], SEGMENTS, lr=0.05, retained=torch.tensor([[True, True]]))
-    assert all(torch.equal(before[k], hn.params[k]) for k in before)
-
-
 def test_alpha_structure_on_hand_made_weights():
     classes = [[0, 1], [0, 1], [2, 3], [2, 3]]
     alpha = np.full((4, 1, 4), 0.1)
@@ -227,6 +205,26 @@ def test_heurpfedla_does_not_send_retained_layers(grid_factory, tmp_path, k):
         assert payload_bytes(msg.content) == payload_bytes(RecordDict({"arrays": full})) - saved
     replies = grid.send_and_receive(msgs)
     assert all(set(r.content["arrays"].keys()) == set(strategy.spec.keys) for r in replies)
+
+
+def test_a_retained_layer_s_weights_keep_learning_from_an_update_measured_from_the_client_s_own_layer(grid_factory, tmp_path):
+    """HeurpFedLA: what a client was sent is its own layer where it retains one (the update is
+    measured from there), and the step moves the weights of its retained layer as of any other:
+    a layer that stops being retained is mixed with current weights."""
+    strategy, grid = _strategy_and_grid(grid_factory, tmp_path, method="heurpfedla", heurpfedla__top_k=1)
+    msgs = strategy.configure_train(1, strategy.global_arrays(), ConfigRecord({"server-round": 1}), grid)
+    ids = list(range(strategy.federation.num_clients))
+    mask = strategy._retained_mask(ids)
+    sent = strategy.sent(ids)
+    for cid in ids:
+        (layer,) = mask[cid].nonzero().flatten().tolist()
+        a, b = strategy.segments[layer]
+        assert torch.equal(sent[cid, a:b], strategy.theta[cid, a:b])
+    before = strategy.hn.params["hw"].clone()
+    strategy.aggregate_train(1, grid.send_and_receive(msgs))
+    for cid in ids:
+        (layer,) = mask[cid].nonzero().flatten().tolist()
+        assert not torch.equal(strategy.hn.params["hw"][cid, layer], before[cid, layer])
 
 
 def test_pfedla_k0_sends_the_whole_personalized_model(grid_factory, tmp_path):

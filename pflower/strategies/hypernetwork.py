@@ -145,23 +145,21 @@ def hypernetwork_update(
     delta: torch.Tensor,
     segments: list[tuple[int, int]],
     lr: float,
-    retained: torch.Tensor | None = None,
     norms: torch.Tensor | None = None,
 ) -> None:
     """One SGD step of the hypernetworks of clients ``ids``: the paper's Eq. 10-11,
     Delta psi_i = (grad_psi bar_theta_i)^T Delta theta_i, with the weights' Jacobian taken at the
     client models ``theta`` and ``delta`` each client's update (trained minus what it was sent).
 
-    The personalized models bar_theta = mix(alpha, theta) are regenerated with autograd
-    (``retained`` layers from the client's own model, so they carry no gradient) and moved along
-    ``delta``: the gradient reaching them is -delta^l / ``norms_l`` in layer l (:func:`layer_norms`
+    The personalized models bar_theta = mix(alpha, theta) are regenerated with autograd and moved
+    along ``delta``: the gradient reaching them is -delta^l / ``norms_l`` in layer l (:func:`layer_norms`
     of ``theta`` unless given; a layer whose norms are all 0 has no say). So weight flows to the
     clients whose models lie where the update went.
     """
     norms = layer_norms(theta, segments) if norms is None else norms
     scale = torch.cat([torch.full((b - a,), 1.0 / s if s > 1e-12 else 0.0) for (a, b), s in zip(segments, norms.tolist())])
     p = hn.gather(ids, requires_grad=True)
-    bar = mix(keep_retained(hn.alpha(ids, p), ids, retained), theta, segments)
+    bar = mix(hn.alpha(ids, p), theta, segments)
     grads = torch.autograd.grad(bar, list(p.values()), grad_outputs=-delta * scale, allow_unused=True)
     hn.step(ids, {k: g for k, g in zip(p, grads) if g is not None}, lr)
 

@@ -21,7 +21,7 @@ from pflower.records import FlatSpec, from_record, to_record
 from pflower.strategies.loop import TrainRounds
 from pflower.strategies.validation import Reply
 
-#: Clients per vectorized step: a round's extra memory is a few models per chunk, not per client.
+#: Clients per vectorized step: building or stepping models takes a few models per chunk, not per client.
 CHUNK = 16
 
 
