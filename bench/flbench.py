@@ -324,7 +324,9 @@ def run_pflower(pair: Pair, seed: int, classes: list[list[int]], mnist: Path, re
     from pflower.bench import resolved_config
 
     kept = {k: v for k, v in resolved_config(config).items() if k not in ("data-dir", "results-dir")}
-    return {"accuracy": [r["weighted-accuracy"] for r in doc["rounds"]], "wall-seconds": time.perf_counter() - t0, "config": kept, "code": code_version()}
+    last = doc["rounds"][-1]
+    return {"accuracy": [r["weighted-accuracy"] for r in doc["rounds"]], "mib-down": last["cumulative-bytes-down"] / 2**20,
+            "mib-up": last["cumulative-bytes-up"] / 2**20, "wall-seconds": time.perf_counter() - t0, "config": kept, "code": code_version()}  # fmt: skip
 
 
 def write_record(pair: Pair, tool: str, seed: int, run: dict, classes: list[list[int]]) -> None:
@@ -417,7 +419,7 @@ def figure(data: dict, path: Path) -> None:
                 ax.plot(x, acc.mean(0), color=color, label="pflower" if tool == "pflower" else "FL-bench")
                 ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=0.2)
         ax.set_title(pair.label)
-        ax.set_ylim(30, 100)
+        ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(PAIRS) :]:
         ax.set_visible(False)
@@ -426,7 +428,7 @@ def figure(data: dict, path: Path) -> None:
         ax.set_xlabel("round")
     fig.suptitle("Pooled test accuracy (%) of the model each client is sent, mean and range of 3 seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=65)
     plt.close(fig)
 
 
