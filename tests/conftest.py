@@ -102,11 +102,14 @@ class InProcessGrid(Grid):
     SuperLink. Every message, reply and node context goes through Flower's wire format
     (:func:`over_the_wire`), so what a method sends is what a deployment carries. ``tamper`` may
     rewrite any reply after that (to test validation); an exception in the ClientApp becomes an
-    error reply, as in Flower.
+    error reply, as in Flower. A node keeps the context a raising ClientApp left, as a SuperNode
+    does; with ``simulation`` it keeps the one from before, as Flower's simulation engine does
+    (its ClientApp works on a copy that comes back only with a reply).
     """
 
     def __init__(self, client_app, cfg: dict, num_clients: int, tamper: Callable[[int, Message], Message] | None = None,
-                 node_configs: dict[int, dict] | None = None):  # fmt: skip
+                 node_configs: dict[int, dict] | None = None, simulation: bool = False):  # fmt: skip
+        self.simulation = simulation
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.app = client_app
         self.tamper = tamper
@@ -143,11 +146,13 @@ class InProcessGrid(Grid):
             if node in self.offline:  # as Flower answers for a SuperNode that is gone
                 self.replies[msg.metadata.message_id] = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="offline"), reply_to=msg)
                 continue
+            context = context_over_the_wire(self.contexts[node]) if self.simulation else self.contexts[node]
             try:
-                reply = over_the_wire(self.app(over_the_wire(msg), self.contexts[node]))  # its own copy, as a node's is: `sent` keeps what was sent
+                reply = over_the_wire(self.app(over_the_wire(msg), context))  # its own copy, as a node's is: `sent` keeps what was sent
             except Exception as err:  # noqa: BLE001 - Flower turns ClientApp exceptions into error replies
                 reply = Message(Error(code=1, reason=str(err)), reply_to=msg)
-            self.contexts[node] = context_over_the_wire(self.contexts[node])
+                context = self.contexts[node] if self.simulation else context
+            self.contexts[node] = context_over_the_wire(context)
             if self.tamper is not None:
                 reply = self.tamper(self.contexts[node].node_config["partition-id"], reply)
             self.replies[msg.metadata.message_id] = reply

@@ -90,7 +90,24 @@ def _named_failures(msg: Message, context: Context, call_next) -> Message:
         return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
 
 
-app = ClientApp(mods=[_named_failures, _deterministic, _evaluate_first])
+def _commit_on_success(msg: Message, context: Context, call_next) -> Message:
+    """A client's state changes only when its message succeeds: a message that raises or is
+    answered with an error (a training whose state file could not be written, a failed relay
+    step) leaves ``context.state`` as the message found it, the state the server still names.
+    A SuperNode keeps its context after a failed message, the simulation engine drops it: both
+    then go on from the same state."""
+    before = RecordDict(dict(context.state.items()))
+    try:
+        reply = call_next(msg, context)
+    except BaseException:
+        Runtime.hold(context, before)
+        raise
+    if reply.has_error():
+        Runtime.hold(context, before)
+    return reply
+
+
+app = ClientApp(mods=[_commit_on_success, _named_failures, _deterministic, _evaluate_first])
 
 
 @dataclass(frozen=True)
@@ -184,19 +201,20 @@ class Runtime:
     def resume(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> nn.Module:
         """:meth:`personal_model` of :meth:`personal_state`, which the context holds from now on
         (a message that trains changes it)."""
-        self._hold(context, self.personal_state(context, lineage, after_round, state_round))
+        self.hold(context, self.personal_state(context, lineage, after_round, state_round))
         return self.personal_model(context.state)
 
     def unpack(self, context: Context) -> None:
         """The state a context's pointer (:data:`SAVED`) names into the context, in its place."""
-        self._hold(context, self._pointed(context))
+        self.hold(context, self._pointed(context))
 
     def _pointed(self, context: Context) -> RecordDict:
         saved = context.state[SAVED]
         return self.store(context).load_saved(str(saved["lineage"]), int(saved["round"]))
 
     @staticmethod
-    def _hold(context: Context, state: RecordDict) -> None:
+    def hold(context: Context, state: RecordDict) -> None:
+        """Make ``state``'s records the context's, in place of what it held."""
         if state is not context.state:
             for name in list(context.state.keys()):
                 del context.state[name]

@@ -443,23 +443,38 @@ class Federation:
         answered = {(r.metadata.src_node_id, r.metadata.message_type) for r in replies}
         missing = sorted({c for key, c in to.items() if key not in answered and c is not None})
         if held is not None:
-            own = []
+            own, failed = [], set()
             for r in replies:
                 node = r.metadata.src_node_id
                 if r.metadata.message_type == MessageType.EVALUATE and node in evaluated:
                     held.replies.append(r)
                     continue
-                if node in carried:
+                if node in carried and r.has_error():
+                    failed.add(node)
+                elif node in carried:
                     r, ev = single_message.split(r)
                     if ev is not None:
                         held.replies.append(ev)
                 own.append(r)
             replies = own
+            if failed:
+                down += self._evaluate_alone(grid, held, failed, timeout)
             self._stop_if_a_state_is_missing(held.replies)
             answered_ev = {r.metadata.src_node_id for r in held.replies}
             held.missing = sorted({c for c in held.clients if self.node_of.get(c) not in answered_ev})
             self.sent_held = held
         return Phase(replies, down, up, missing)
+
+    def _evaluate_alone(self, grid: Grid, held: HeldEvaluation, nodes: set[int], timeout: float) -> int:
+        """Send ``held``'s evaluation alone to ``nodes``, whose message it rode on came back as an
+        error (a training that failed, a state file that could not be written): the evaluation
+        did not fail, the message did, so it is owed still, as a two-phase round would have had
+        it. Its replies go into ``held``; returns the bytes sent."""
+        again = [Message(held.content(cid), dst_node_id=node, message_type=MessageType.EVALUATE)
+                 for cid in held.clients if (node := self.node_of.get(cid)) in nodes]  # fmt: skip
+        replies = send_and_receive(grid, again, timeout, window_for(grid))
+        held.replies.extend(r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE))
+        return sum(payload_bytes(m.content) for m in again)
 
     @staticmethod
     def _stop_if_a_state_is_missing(replies: Iterable[Message]) -> None:
