@@ -31,13 +31,15 @@ MAX_CLIENTS = 100_000
 @dataclass(frozen=True)
 class Number:
     """A finite number in ``[lo, hi]`` (an integer if ``integer``; below the federation's number
-    of clients if ``client``); ``requires``: keys that must come with it."""
+    of clients if ``client``); ``requires``: keys that must come with it; ``needed``: every reply
+    of its schema must have it (a round's aggregate keeps only the keys all its replies share)."""
 
     lo: float = -MAX_MAGNITUDE
     hi: float = MAX_MAGNITUDE
     integer: bool = False
     client: bool = False
     requires: tuple[str, ...] = ()
+    needed: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,8 @@ EVALUATE: dict[str, Spec] = {
     "num-examples": Count("test"),
     "client-id": CLIENT_ID,
     RAY_NODE: TRAIN[RAY_NODE],
-    "accuracy": UNIT,
-    "loss": LOSS,
+    "accuracy": Number(0.0, 1.0, needed=True),
+    "loss": Number(0.0, MAX_MAGNITUDE, needed=True),
     "top5-accuracy": UNIT,
     "ece": UNIT,
     "mce": UNIT,

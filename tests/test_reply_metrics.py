@@ -101,12 +101,14 @@ def _outside(spec, current, draw, num_clients: int, bound: float):
 
 
 def _complete(schema: dict, metrics: dict) -> bool:
-    """Whether every key has the keys it requires beside it (and num-examples is there)."""
+    """Whether every key has the keys it requires beside it, and num-examples and every key its
+    kind of reply needs (an evaluation's accuracy and loss) are there."""
     for key in metrics:
         spec = spec_of(key, metrics[key], schema)
         if any(r not in metrics for r in spec.requires) or (isinstance(getattr(spec, "length", None), str) and spec.length not in metrics):
             return False
-    return "num-examples" in metrics
+    needed = [k for k, spec in schema.items() if isinstance(spec, rm.Number) and spec.needed]
+    return "num-examples" in metrics and all(k in metrics for k in needed)
 
 
 @st.composite
@@ -236,3 +238,22 @@ def test_generated_evaluation_metrics(name, riding, data):
         assert corrupted.gate.rejected["client-error"] == sum(m is None for m, _ in plan)
     assert got == want
     _standard_json(got)
+
+
+@pytest.mark.parametrize("key", ["accuracy", "loss"])
+def test_an_evaluation_reply_without_a_key_every_method_reports_is_refused_naming_it(key):
+    """One of 4 evaluation replies lacks ``key``: it is refused as ``missing``, naming the key, and
+    the round's accuracy and loss are those of the other 3 (the aggregate keeps only the keys
+    all accepted replies share: one such reply erased the round's accuracy)."""
+    base, _train, evaluation = _setup("fedavg")
+    replies = []
+    for i, (msg, content) in enumerate(evaluation):
+        metrics = dict(content["metrics"])
+        if i == 1:
+            del metrics[key]
+        replies.append(Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg))
+    strategy, clean = copy.deepcopy(base), copy.deepcopy(base)
+    got = _evaluate(strategy, replies)
+    assert dict(strategy.gate.rejected) == {"missing": 1} and f"metric '{key}' is missing" in strategy.gate.problems[0]
+    assert got == _evaluate(clean, replies[:1] + replies[2:])
+    assert got["accuracy"] is not None and got["loss"] is not None

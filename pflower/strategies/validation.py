@@ -122,6 +122,8 @@ def check_metrics(
     ``bound(of)``: the largest count a client may state of its ``of`` split (None: only the
     absolute bound); ``num_clients``: the federation's size, which client ids stay below.
     """
+    if absent := [key for key, spec in schema.items() if isinstance(spec, rm.Number) and spec.needed and key not in metrics]:
+        raise Rejected("missing", f"metric '{absent[0]}' is missing: every reply of this kind must have it")
     for key, value in metrics.items():
         spec = spec_of(key, value, schema)
         if isinstance(spec, rm.Count):
