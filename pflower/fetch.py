@@ -325,7 +325,7 @@ def _download(url: str, part: Path, remote: Remote, stream: TextIO) -> None:
             raise Unreachable(reason) from None
         raise FetchError(f"{name} from {url}: {getattr(err, 'reason', err)}") from None
     length = response.headers.get("Content-Length")
-    total = int(length) if length and length.isdigit() else None
+    total = int(length) if length and length.isascii() and length.isdigit() else None
     md5, sha256, done = hashlib.md5(), hashlib.sha256(), 0
     progress = _Progress(name, total or remote.size, stream)
     part.parent.mkdir(parents=True, exist_ok=True)

@@ -290,3 +290,25 @@ def test_relayed_nan_wrong_shapes_and_malformed_shuffles_are_refused_counted_and
         for name, record in msg.content.config_records.items():
             if name.startswith("gossip"):
                 assert buffer_problem(record["ids"], record["ages"], 5, 4) is None, name
+
+
+@pytest.mark.parametrize("name", ["update-²", "update-٣", "update-①"])
+def test_a_relayed_update_named_by_a_non_ascii_digit_is_refused_not_a_crash(grid_factory, tmp_path, name):
+    """Client 2 names its first update of each round ``name`` (``'²'.isdigit()`` is true and
+    ``int('²')`` raises; ``int('٣')`` is 3): refused as malformed each round, and the run finishes."""
+    cfg = run_config(method="federico", num_server_rounds=2, local_epochs=1, results_dir=str(tmp_path))
+    renamed = []
+
+    def tamper(cid, reply):
+        sent = grid.sent[-1].content.config_records.get("config")
+        if sent is not None and not reply.has_error() and sent.get("phase") == "use" and cid == 2:
+            if updates := [n for n in reply.content.array_records if n.startswith("update-")]:
+                reply.content[name] = reply.content[updates[0]]
+                del reply.content[updates[0]]
+                renamed.append(int(sent["server-round"]))
+        return reply
+
+    grid = grid_factory(cfg, 5, tamper=tamper)
+    build_strategy(load_settings(cfg)).start(grid=grid)
+    doc = json.loads((tmp_path / "metrics.json").read_text())
+    assert renamed and [r["rejected"].get("malformed", 0) for r in doc["rounds"]] == [renamed.count(r) for r in (1, 2)]

@@ -33,6 +33,7 @@ def node_folders(root, groups, size=8, test_split=True):
 
 def test_class_union_sorts_numbers_as_numbers():
     assert class_union([["10", "2"], ["3", "2"]]) == ["2", "3", "10"]
+    assert class_union([["1", "²"], ["٣"]]) == ["1", "²", "٣"]  # digits int() cannot read, or reads otherwise: names
     assert class_union([["cat", "ant"], ["bee"]]) == ["ant", "bee", "cat"]
 
 

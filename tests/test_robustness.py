@@ -349,6 +349,23 @@ def test_an_identity_beyond_the_federation_is_refused(tmp_path, method, change):
     assert strategy.federation.ids == [0, 1] and strategy.federation.num_clients == 3
 
 
+@pytest.mark.parametrize("client", [0, 2])
+def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, client, caplog):
+    """One of 3 nodes says the federation has 100000 clients (within what any reply may say):
+    the size most clients state holds, that node is refused with a line naming what it said, and
+    discovery ends with the others (it waited out the timeout for clients that do not exist, then
+    sized FedFomo's per-client state from that reply)."""
+    from pflower.client_app import app
+
+    cfg = run_config(method="fedfomo", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    grid = InProcessGrid(app, cfg, 3, tamper=_identity_tamper(client, {"num-clients": 100000}))
+    strategy.connect(grid, timeout=60)
+    assert strategy.federation.num_clients == 3 and strategy.federation.ids == [c for c in range(3) if c != client]
+    assert f"(client {client}) is refused: it says the federation has 100000 clients, where the others say 3" in caplog.text
+    assert len(grid.sent) == 3  # one query each: nothing waited for a fourth client
+
+
 def test_label_counts_of_another_length_leave_the_client_out_of_the_figure(tmp_path, grid_factory):
     """One client's label counts with a class too many: the run ends with its figures; the
     partition figure and metrics.json have the others' counts."""

@@ -92,7 +92,7 @@ def _saved(d: Path) -> dict[int, Path]:
     out: dict[int, Path] = {}
     for p in sorted(d.glob("round-*")) if d.is_dir() else []:
         number = p.stem.partition("-")[2]
-        if p.suffix in (SUFFIX, LEGACY) and number.isdigit() and (p.suffix == SUFFIX or int(number) not in out):
+        if p.suffix in (SUFFIX, LEGACY) and number.isascii() and number.isdigit() and (p.suffix == SUFFIX or int(number) not in out):
             out[int(number)] = p
     return out
 

@@ -64,10 +64,15 @@ class NodeData:
         return Split(self.x[~self.test], y[~self.test]), Split(self.x[self.test], y[self.test])
 
 
+def _whole(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits (``'²'.isdigit()`` is true, ``int('²')`` fails)."""
+    return text.isascii() and text.isdigit()
+
+
 def class_union(names: Iterable[Sequence[str]]) -> list[str]:
     """Every node's class names once, sorted (as numbers when all are whole numbers)."""
     union = {str(n) for node in names for n in node}
-    return sorted(union, key=int) if all(n.lstrip("-").isdigit() for n in union) else sorted(union)
+    return sorted(union, key=int) if all(_whole(n.lstrip("-")) for n in union) else sorted(union)
 
 
 @lru_cache(maxsize=4)
@@ -120,9 +125,9 @@ def parse_groups(text: str) -> list[list[str]]:
         names: list[str] = []
         for item in filter(None, (s.strip() for s in part.split(","))):
             lo, _, hi = item.partition("-")
-            if lo.isdigit() and hi.isdigit() and int(hi) - int(lo) >= MAX_GROUP:
+            if _whole(lo) and _whole(hi) and int(hi) - int(lo) >= MAX_GROUP:
                 raise ValueError(f"class groups {text!r}: range {item} names more than {MAX_GROUP} classes")
-            names += [str(v) for v in range(int(lo), int(hi) + 1)] if lo.isdigit() and hi.isdigit() else [item]
+            names += [str(v) for v in range(int(lo), int(hi) + 1)] if _whole(lo) and _whole(hi) else [item]
         if not names:
             raise ValueError(f"class groups {text!r}: group {len(groups)} is empty")
         groups.append(names)

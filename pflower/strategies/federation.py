@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -170,6 +171,7 @@ class Federation:
         self.label_counts: dict[int, list[int]] = {}  # its samples per class, if it said
         self.domains: dict[int, str] = {}  # what sets its inputs apart (feature shift, natural ids), if anything
         self.stateless: set[int] = set()  # clients without a query handler (quickstart-style)
+        self.stated: dict[int, int] = {}  # the federation size each identified client states
         self.num_clients = 0
         self.fixed = False  # the server has allocated per-client state: no client id beyond num_clients
         self.data: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}  # a node's own data: (shape, class names)
@@ -208,6 +210,8 @@ class Federation:
                 log(WARNING, "Only %d of %d clients answered; going on with them", len(self.node_of), self.num_clients)
                 break
             time.sleep(0.5)
+        if not self.stateless:
+            self._refuse_disagreeing()
         ids = self.ids
         shown = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 3 else str(ids)
         log(INFO, "Clients: %d (ids %s)%s", len(ids), shown, f", {len(self.stateless)} without a query handler" if self.stateless else "")
@@ -247,6 +251,8 @@ class Federation:
         except (Rejected, KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %s did not identify itself: %s", node, err)
             return str(err)
+        if self.fixed and self.stated and n_clients != (agreed := self._agreed_size()):
+            return self._refuse(node, r.client_id, f"it says the federation has {n_clients} clients, where the others say {agreed}")
         if r.client_id in self.node_of and self.node_of[r.client_id] != node:
             log(INFO, "Client %d is back as node %s", r.client_id, node)
             self.client_of.pop(self.node_of[r.client_id], None)
@@ -269,15 +275,29 @@ class Federation:
             self.domains[r.client_id] = str(domain.get("name", ""))
         if r.metrics.get(single_message.CAPABLE) == 1:
             self.riders.add(r.client_id)
+        self.stated[r.client_id] = n_clients
         if not self.fixed:
-            self.num_clients = max(self.num_clients, n_clients)
+            self.num_clients = self._agreed_size() if not self.stateless else max(self.num_clients, n_clients)
         return None
+
+    def _agreed_size(self) -> int:
+        """The federation's size most identified clients state (the smaller on a tie)."""
+        counts = Counter(self.stated[c] for c in self.node_of if c in self.stated)
+        return max(counts, key=lambda n: (counts[n], -n)) if counts else 0
+
+    def _refuse_disagreeing(self) -> None:
+        """Refuse the clients that state another federation size than the one agreed: one reply
+        never sizes the server's per-client state, nor makes it wait for clients that do not exist."""
+        agreed = self._agreed_size()
+        for cid in sorted(self.node_of):
+            if cid in self.stated and self.stated[cid] != agreed:
+                node = self.node_of.pop(cid)
+                self.client_of.pop(node, None)
+                self._refuse(node, cid, f"it says the federation has {self.stated.pop(cid)} clients, where the others say {agreed}")
 
     def consistent_label_counts(self) -> dict[int, list[int]]:
         """The clients' label counts of the length most of them have (one per class); a client
         whose list has another length is left out of the partition figure, named in the log."""
-        from collections import Counter
-
         if not self.label_counts:
             return {}
         length = Counter(len(v) for v in self.label_counts.values()).most_common(1)[0][0]
@@ -296,8 +316,6 @@ class Federation:
         """With nodes that bring their own data: the input shape most of them have (the lowest
         client id's on a tie) and the union of their class names. A node with another shape is
         refused, named in the log; it is not asked again, and a later one is checked on arrival."""
-        from collections import Counter
-
         if not self.data:
             raise NoClientsError("dataset='node': no node said what its data is (its node config needs 'data-dir')")
         counts = Counter(shape for shape, _ in self.data.values())

@@ -182,7 +182,7 @@ class FedericoRelay(PflStrategy):
         for i, content in sorted(used.items()):
             for name in content.array_records:
                 j = name.removeprefix("update-")
-                target = int(j) if j.isdigit() else None
+                target = int(j) if j.isascii() and j.isdigit() else None
                 if target not in update or name != update_for(target) or target not in given.get(i, ()):
                     self.gate.reject(i, Rejected("malformed", f"update '{name}' of a model it was not given this round"), "update")
                 elif self.gate.arrays(i, content[name], self.model_spec, f"update of client {target}'s model"):
