@@ -241,16 +241,31 @@ CIFAR10_JPG = GitTree(
 _TV_CLASS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "emnist": "EMNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
 
 
-def torchvision_remotes(name: str) -> list[Remote]:
-    """The files torchvision's downloader for ``name`` fetches, with its md5s, read from its class."""
-    from torchvision import datasets as tv
+#: The files torchvision's downloaders fetch, with their md5s, as its classes declare them
+#: (``mirrors`` and ``resources``, ``url`` and ``md5``, ``url`` and ``tgz_md5``; a test checks that
+#: they still do): written out so that finding them imports neither torchvision nor torch, and a
+#: fetch without a network fails in seconds.
+_MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
+_TV_FILES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    "mnist": (_MNIST_MIRRORS, (("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+                               ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
+                               ("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
+                               ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c"))),
+    "fashion-mnist": (("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+                      (("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+                       ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
+                       ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
+                       ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"))),
+    "emnist": (("https://biometrics.nist.gov/cs_links/EMNIST/",), (("gzip.zip", "58c8d27c78d21e728a6bc7b3cc06412e"),)),
+    "cifar10": (("https://www.cs.toronto.edu/~kriz/",), (("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),)),
+    "cifar100": (("https://www.cs.toronto.edu/~kriz/",), (("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85"),)),
+}  # fmt: skip
 
-    cls = getattr(tv, _TV_CLASS[name])
-    if name in ("mnist", "fashion-mnist"):
-        return [Remote(cls.mirrors[0] + f, f, md5=md5, alternatives=tuple(m + f for m in cls.mirrors[1:])) for f, md5 in cls.resources]
-    if name == "emnist":
-        return [Remote(cls.url, cls.url.rsplit("/", 1)[-1], md5=cls.md5)]
-    return [Remote(cls.url, cls.filename, md5=cls.tgz_md5)]
+
+def torchvision_remotes(name: str) -> list[Remote]:
+    """The files torchvision's downloader for ``name`` fetches, with its md5s (:data:`_TV_FILES`)."""
+    mirrors, files = _TV_FILES[name]
+    return [Remote(mirrors[0] + f, f, md5=md5, alternatives=tuple(m + f for m in mirrors[1:])) for f, md5 in files]
 
 
 def hub_endpoint() -> str:

@@ -134,11 +134,11 @@ def mnist_files(n_train: int = 30, n_test: int = 200) -> dict[str, bytes]:
 
 @pytest.fixture
 def mnist(server, monkeypatch):
-    """The fixture's files at SERVER/mnist/, and their md5s in torchvision's MNIST.resources."""
+    """The fixture's files at SERVER/mnist/, and their md5s where pflower declares torchvision's."""
     files = mnist_files()
     for name, data in files.items():
         server.files[f"/mnist/{name}"] = data
-    monkeypatch.setattr(tv.MNIST, "resources", [(name, md5(data)) for name, data in files.items()])
+    _declare(monkeypatch, "mnist", [(name, md5(data)) for name, data in files.items()])
     return files
 
 
@@ -163,7 +163,7 @@ def cifar10_tarball(n: int = 6) -> tuple[bytes, dict[str, str]]:
 def cifar10(server, monkeypatch):
     tarball, md5s = cifar10_tarball()
     server.files["/cifar/cifar-10-python.tar.gz"] = tarball
-    monkeypatch.setattr(tv.CIFAR10, "tgz_md5", md5(tarball))
+    _declare(monkeypatch, "cifar10", [("cifar-10-python.tar.gz", md5(tarball))])
     monkeypatch.setattr(tv.CIFAR10, "train_list", [[f"data_batch_{i}", md5s[f"data_batch_{i}"]] for i in range(1, 6)])
     monkeypatch.setattr(tv.CIFAR10, "test_list", [["test_batch", md5s["test_batch"]]])
     monkeypatch.setattr(tv.CIFAR10, "meta", {**tv.CIFAR10.meta, "md5": md5s["batches.meta"]})
@@ -171,6 +171,32 @@ def cifar10(server, monkeypatch):
 
 
 # ------------------------------------------------------------------------ the torchvision data sets
+def _declare(monkeypatch, name: str, files: list[tuple[str, str]]) -> None:
+    """The files (and md5s) pflower fetches for ``name``, as a test's server has them."""
+    monkeypatch.setitem(fetch._TV_FILES, name, (fetch._TV_FILES[name][0], tuple(files)))
+
+
+def test_the_files_pflower_fetches_are_the_ones_torchvision_declares():
+    """pflower writes torchvision's URLs and md5s out (so that finding them imports neither
+    torchvision nor torch): they are the ones its classes declare."""
+    tv_files = {
+        "mnist": (tv.MNIST.mirrors, tv.MNIST.resources),
+        "fashion-mnist": (tv.FashionMNIST.mirrors, tv.FashionMNIST.resources),
+        "emnist": ([tv.EMNIST.url.rsplit("/", 1)[0] + "/"], [(tv.EMNIST.url.rsplit("/", 1)[1], tv.EMNIST.md5)]),
+        "cifar10": ([tv.CIFAR10.url.rsplit("/", 1)[0] + "/"], [(tv.CIFAR10.filename, tv.CIFAR10.tgz_md5)]),
+        "cifar100": ([tv.CIFAR100.url.rsplit("/", 1)[0] + "/"], [(tv.CIFAR100.filename, tv.CIFAR100.tgz_md5)]),
+    }
+    assert {n: (list(m), [tuple(f) for f in r]) for n, (m, r) in tv_files.items()} == {n: (list(m), list(r)) for n, (m, r) in fetch._TV_FILES.items()}
+
+
+def test_finding_the_files_to_fetch_imports_no_torch():
+    """``pflower-data NAME`` without a network fails in seconds: nothing before the first network
+    attempt imports torch or torchvision (importing them took 75 s on a loaded machine)."""
+    code = "import sys; from pflower import fetch; [fetch.torchvision_remotes(n) for n in fetch._TV_FILES]; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
 def test_list_names_each_data_set_its_size_and_where_it_lands(tmp_path, capsys):
     rc, out, _ = run(tmp_path, "--list", capsys=capsys)
     assert rc == 0
@@ -402,7 +428,7 @@ def test_offline_as_a_user_runs_it_one_line_per_file_no_traceback(tmp_path):
 
 def test_progress_goes_to_stderr_in_mib(server, mnist, tmp_path, capsys, monkeypatch):
     big = b"\0" * (3 * fetch.MiB)
-    monkeypatch.setattr(tv.MNIST, "resources", [("train-images-idx3-ubyte.gz", md5(big))])
+    _declare(monkeypatch, "mnist", [("train-images-idx3-ubyte.gz", md5(big))])
     server.files["/mnist/train-images-idx3-ubyte.gz"] = big
     rc, _, err = run(tmp_path, "mnist", "--mirror", f"{server.url}/mnist", capsys=capsys)
     assert rc == 1  # not a gzip file: the unpacking step names it
@@ -471,7 +497,7 @@ def test_emnist_zip_unpacks_every_split_into_torchvisions_layout(server, tmp_pat
                 )
         zf.writestr("gzip/emnist-balanced-mapping.txt", "0 48\n")
     server.files["/emnist/gzip.zip"] = buf.getvalue()
-    monkeypatch.setattr(tv.EMNIST, "md5", md5(buf.getvalue()))
+    _declare(monkeypatch, "emnist", [("gzip.zip", md5(buf.getvalue()))])
     rc, out, err = run(tmp_path, "emnist", "--mirror", f"{server.url}/emnist", capsys=capsys)
     assert rc == 0, err
     raw = tmp_path / "torchvision" / "EMNIST" / "raw"
