@@ -320,3 +320,16 @@ def test_evaluation_protocol_as_received_or_fine_tuned(grid_factory, tmp_path, m
         assert got[node]["accuracy"] == pytest.approx(want.accuracy) and got[node]["loss"] == pytest.approx(want.loss, rel=1e-5)
         after = from_record(client_state(grid.contexts[node])[PERSONAL])
         assert all(torch.equal(after[k], v) for k, v in personal[node].items())
+
+
+@pytest.mark.parametrize("method", sorted(declarations()))
+def test_the_run_header_names_the_method(method, caplog, tmp_path):
+    """The run's first line names the method the config names (FedPer ran under 'FedAvg:')."""
+    import logging
+
+    strategy = build_strategy(load_settings({**run_config(method=method, results_dir=str(tmp_path)), **declarations()[method].example}))
+    strategy.num_rounds = 3
+    with caplog.at_level(logging.INFO):
+        strategy.summary()
+    header = caplog.records[-1].getMessage()
+    assert header.split(":")[0].lower().startswith(method) or header.startswith(f"{method} ("), header

@@ -168,8 +168,12 @@ class PflStrategy(Strategy):
         self.gate.load_state_dict(state)
 
     def summary(self) -> None:
+        """The run's first line: the method the run config names (with the strategy that runs it,
+        where its name differs: FedPer runs on FedAvg's), its rounds and its evaluation."""
+        strategy, method = type(self).__name__, str(self.run_config.get("method", ""))
+        name = strategy if not method or method == strategy.lower() else f"{method} ({strategy} strategy)"
         log(INFO, "%s: %d rounds, evaluation by %.0f%% of the clients every %d round(s)%s",
-            type(self).__name__, self.num_rounds, 100 * self.fraction_evaluate, self.evaluate_every,
+            name, self.num_rounds, 100 * self.fraction_evaluate, self.evaluate_every,
             ", riding on the next round's messages" if self.single_message else "")  # fmt: skip
 
     # ---------------------------------------------------------- evaluation
