@@ -17,7 +17,12 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
+#: The data root the data tests read (MNIST's files in its ``mnist`` folder, CIFAR-10's JPEG tree
+#: in ``cifar10-jpg``): ``$PFLOWER_TEST_DATA``, else the ``shared/data`` beside the checkout.
+DATA_ROOT = Path(os.environ.get("PFLOWER_TEST_DATA") or ROOT.parent / "shared" / "data")
+MNIST_DIR = DATA_ROOT / "mnist"
+#: Why a test that reads MNIST skips, and how to get it.
+NO_MNIST = f"no MNIST in {MNIST_DIR}: `pflower-data mnist --root {DATA_ROOT}` fetches it (or set PFLOWER_TEST_DATA to a data root that has it)"
 DEFAULTS = flatten_dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
 
 #: The suite compares runs with references it computes on the CPU (in process at rel=1e-5 and

@@ -28,7 +28,7 @@ from pathlib import Path
 import huggingface_hub.constants  # imported before HF_ENDPOINT is set: the command reads it when it runs
 import numpy as np
 import pytest
-from conftest import MNIST_DIR, ROOT
+from conftest import MNIST_DIR, NO_MNIST, ROOT
 from data_files import idx_bytes
 from torchvision import datasets as tv
 
@@ -556,12 +556,15 @@ def test_cifar10_jpg_is_verified_by_its_git_tree_ids_and_reads_as_the_suites_rea
     assert not (root / "cifar10-jpg").exists() and leftovers(root) == []
 
 
-@pytest.mark.skipif(not (MNIST_DIR.parent / "cifar10-jpg" / "train").is_dir(), reason="needs the shared CIFAR-10 JPEG tree")
+@pytest.mark.skipif(
+    not (MNIST_DIR.parent / "cifar10-jpg" / "train").is_dir(),
+    reason=f"no CIFAR-10 JPEG tree in {MNIST_DIR.parent / 'cifar10-jpg'}: `pflower-data cifar10-jpg --root {MNIST_DIR.parent}` fetches it",
+)
 def test_the_cifar10_jpg_tree_ids_are_those_of_the_tree_the_suites_ran_on():
     assert {split: fetch.git_tree_id(MNIST_DIR.parent / "cifar10-jpg" / split) for split in ("train", "test")} == fetch.CIFAR10_JPG.trees
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="needs the shared MNIST folder")
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_the_mnist_suites_folder_holds_what_the_suites_ran_on():
     """The suites' MNIST folder holds MNIST's two test files, torchvision's md5s: what pflower-data mnist writes there."""
     files = sorted(p.name for p in MNIST_DIR.iterdir())

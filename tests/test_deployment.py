@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import MNIST_DIR, ROOT, faulty_app, run_config
+from conftest import MNIST_DIR, NO_MNIST, ROOT, faulty_app, run_config
 
 from pflower.datasets.node import parse_groups, write_node_folders
 from pflower.deploy import Deployment
@@ -129,7 +129,7 @@ def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
 
 
 @DEPLOYMENT
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="the node folders are written from the MNIST test set")
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deployment, tmp_path):
     """dataset='node', TLS and SuperNode authentication on: each SuperNode trains on its own folder
     (other classes each), the SuperLink's view has no data at all, a fourth node whose images

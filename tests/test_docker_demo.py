@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MNIST_DIR, ROOT
+from conftest import MNIST_DIR, NO_MNIST, ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.xdist_group("docker")]
 
@@ -124,7 +124,7 @@ def _node_status(env: dict, node_id: str) -> str:
     return next((n["status"] for n in nodes if str(n["node-id"]) == node_id), "unknown")
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="the nodes' data is written from the MNIST test set")
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_readme_docker_demo_insecure_tls_restart_and_down(env, tmp_path):
     blocks = readme_blocks()
     assert set(blocks) >= {"setup", "insecure", "tls", "inspect", "down"}, sorted(blocks)

@@ -13,7 +13,7 @@ import tempfile
 import types
 
 import pytest
-from conftest import MNIST_DIR, ROOT, in_process_rounds, run_config
+from conftest import MNIST_DIR, NO_MNIST, ROOT, in_process_rounds, run_config
 
 from pflower.bench import run_config_string
 from pflower.results import RAY_NODES, outcome
@@ -59,7 +59,7 @@ def _ray_probe(net, address: str, want: int) -> dict[str, str]:
 @pytest.mark.e2e
 @pytest.mark.xdist_group("simulation-faults")
 @pytest.mark.skipif(not NETNS, reason="a second Ray node on a host of its own needs network namespaces: root and iproute2")
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST test set not present")
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_simulation_on_a_two_node_ray_cluster(tmp_path):
     """A Ray head and a second node, each in a network namespace of its own (two hosts on one
     bridge) with 1 CPU: pflower-sim on the head's host with RAY_ADDRESS runs 4 clients of 1 CPU

@@ -5,7 +5,7 @@ import gzip
 import numpy as np
 import pytest
 import torch
-from conftest import MNIST_DIR
+from conftest import MNIST_DIR, NO_MNIST
 
 from pflower.datasets.sources import DataError, load_digits, load_idx_family, read_idx
 
@@ -83,7 +83,7 @@ def test_digits_is_embedded_and_equals_sklearns_loader():
     assert pool.y.tolist() == d.target.tolist()
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="shared MNIST test set not present")
+@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_shared_mnist_folder_loads():
     pool = load_idx_family("mnist", MNIST_DIR)
     assert pool.x.shape == (10000, 1, 28, 28)
