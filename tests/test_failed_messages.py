@@ -88,8 +88,7 @@ def test_a_failed_evaluation_counts_alike_on_either_schedule(tmp_path, monkeypat
 def test_a_failed_relay_step_costs_only_its_round_on_either_engine(tmp_path, monkeypatch, step):
     """A FedeRiCo client whose relay step of round 2 raises: a SuperNode and the simulation engine
     go on from the same state (the step's changes are not kept), on either schedule."""
-    federico = importlib.import_module("pflower.client_app.federico")
-    method_class = next(c for c in vars(federico).values() if isinstance(c, type) and getattr(c, "LAST_STEP", "") == "update")
+    method_class = _federico_method_class()
     real = method_class.relay_step
 
     def fails(self, phase, model, data, incoming, state, client_id, num_clients, server_round):
@@ -123,3 +122,46 @@ def test_a_message_whose_save_fails_leaves_the_context_as_it_found_it(tmp_path, 
     with pytest.raises(Exception, match="No space left"):
         app(msg, context)
     assert {name: dict(record) for name, record in context.state.items()} == before
+
+
+def _federico_method_class():
+    federico = importlib.import_module("pflower.client_app.federico")
+    return next(c for c in vars(federico).values() if isinstance(c, type) and getattr(c, "LAST_STEP", "") == "update")
+
+
+@pytest.mark.parametrize("step", ["plan", "serve", "use"])
+def test_a_lost_relayed_reply_costs_only_its_round(grid_factory, tmp_path, monkeypatch, step):
+    """Client 2's reply to a relay step of round 2 is lost on the way (the client did the step):
+    its partners' updates of its model are not refused (they were 'malformed' before), and in
+    round 3 it starts from round 1's state, as the server names, not from the half-done round:
+    the rows equal those of the run where that step raised on the client instead (two-phase: a
+    lost message loses the evaluation riding on it, a failed one does not)."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    cfg, faulty = {**_config("federico"), "single-message": False}, FAULTY + 1
+
+    def lose(cid, reply):
+        sent = grid.sent[-1].content.config_records.get("config")
+        if sent is not None and not reply.has_error() and sent.get("phase") == step and cid == faulty and int(sent["server-round"]) == ROUND:
+            return Message(Error(code=ErrorCode.REPLY_MESSAGE_UNAVAILABLE, reason="lost"), reply_to=grid.sent[-1])
+        return reply
+
+    grid = grid_factory({**cfg, "results-dir": str(tmp_path / "lost")}, 5, tamper=lose)
+    build_strategy(load_settings({**cfg, "results-dir": str(tmp_path / "lost")})).start(grid=grid)
+    lost = json.loads((tmp_path / "lost" / "metrics.json").read_text())["rounds"]
+    method_class = _federico_method_class()
+    real = method_class.relay_step
+
+    def fails(self, phase, model, data, incoming, state, client_id, num_clients, server_round):
+        if client_id == faulty and server_round == ROUND and phase == step:
+            raise RuntimeError(f"the {phase} step failed")
+        return real(self, phase, model, data, incoming, state, client_id, num_clients, server_round)
+
+    monkeypatch.setattr(method_class, "relay_step", fails)
+    grid = grid_factory({**cfg, "results-dir": str(tmp_path / "failed")}, 5)
+    build_strategy(load_settings({**cfg, "results-dir": str(tmp_path / "failed")})).start(grid=grid)
+    failed = json.loads((tmp_path / "failed" / "metrics.json").read_text())["rounds"]
+    assert all(r["rejected"] == {} for r in lost)
+    strip = lambda doc: [{k: v for k, v in r.items() if k not in SCHEDULE | {"rejected", "missing"}} for r in doc]  # noqa: E731
+    assert strip(lost) == strip(failed)

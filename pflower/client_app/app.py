@@ -74,6 +74,9 @@ def _evaluate_first(msg: Message, context: Context, call_next) -> Message:
     return reply
 
 
+#: The context record that marks its state as a relay round's work in progress (that round's).
+IN_ROUND = "in-round"
+
 #: What a client may find wrong with its data or settings: each is its own clear message.
 DATA_PROBLEMS = (DataError, FolderError, PartitionError, StateError, MissingStateError)
 
@@ -179,9 +182,12 @@ class Runtime:
         The server names that round (``state_round``, :mod:`pflower.state_round`): exactly that
         round's file, or :class:`~pflower.state_round.MissingStateError`; 0: the client never
         trained (an empty state: the initial model). None (a checkpoint older than the key): the
-        newest saved before.
+        newest saved before. A state a relay step left in the context mid-round (:data:`IN_ROUND`)
+        is the state only for the rest of that round: a round left half done (a relayed reply the
+        server never got) is not, and the client starts from the round the server names.
         """
-        if PERSONAL in context.state:
+        stale = IN_ROUND in context.state and int(context.state[IN_ROUND]["round"]) != after_round + 1
+        if PERSONAL in context.state and not stale:
             return context.state
         if _points_to(context, state_round):
             return self._pointed(context)
@@ -191,7 +197,7 @@ class Runtime:
             if saved is not None:
                 log(INFO, "Client %d restored its saved personal state (lineage %s, as round %d left it)", self.client_id, lineage, after_round)
                 return saved
-        return context.state
+        return RecordDict() if stale else context.state
 
     def personal_model(self, state: RecordDict) -> nn.Module:
         """The cached model loaded with the personal ``state`` (or the initial one)."""
@@ -240,6 +246,8 @@ class Runtime:
     def save(self, context: Context, msg: Message) -> ArrayRecord:
         """The model into the personal state, which goes to disk if the message names a lineage
         (the context then keeps only where: :func:`~pflower.client_app.store.keep_on_disk`); returns its record."""
+        if IN_ROUND in context.state:  # the round is done: the state is the round's end state
+            del context.state[IN_ROUND]
         personal = context.state[PERSONAL] = to_record(self.model.state_dict())
         if lineage := _lineage(msg):
             self.store(context).save(lineage, _round(msg), context.state, _state_round(_config(msg)))
@@ -424,6 +432,7 @@ def relay(msg: Message, context: Context) -> Message:
         rt.save(context, msg)
     else:
         context.state[PERSONAL] = to_record(model.state_dict())
+        context.state[IN_ROUND] = ConfigRecord({"round": _round(msg)})
     out["metrics"] = out.metric_records.get("metrics", MetricRecord())
     out["metrics"]["client-id"] = rt.client_id
     return Message(out, reply_to=msg)

@@ -183,8 +183,10 @@ class FedericoRelay(PflStrategy):
             for name in content.array_records:
                 j = name.removeprefix("update-")
                 target = int(j) if j.isascii() and j.isdigit() else None
-                if target not in update or name != update_for(target) or target not in given.get(i, ()):
+                if target is None or name != update_for(target) or target not in given.get(i, ()):
                     self.gate.reject(i, Rejected("malformed", f"update '{name}' of a model it was not given this round"), "update")
+                elif target not in update:
+                    continue  # its owner's reply of this step did not come: it takes no update this round
                 elif self.gate.arrays(i, content[name], self.model_spec, f"update of client {target}'s model"):
                     update[target][update_from(i)] = content[name]
         del used
