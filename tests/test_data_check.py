@@ -42,7 +42,16 @@ def _cache(tmp_path, monkeypatch):
 def test_label_255_in_mnist_is_refused_naming_data_dir(tmp_path):
     d = _mnist(tmp_path / "m", labels=[*range(10)] * 1 + [255] + list(range(9)))
     why = check(ROOT, _overrides(dataset="mnist", **{"data-dir": str(d), "results-dir": str(tmp_path / "r")}))
-    assert why is not None and f"run config key 'data-dir' = '{d}' is not allowed: {d}: the labels make 11 classes, its metadata 10" in why
+    want = f"run config key 'data-dir' = '{d}' is not allowed: {d / 't10k-labels-idx1-ubyte'} holds label 255: mnist's labels are 0..9"
+    assert why is not None and want in why
+
+
+def test_mnist_with_every_3_made_255_is_refused_not_renumbered(tmp_path):
+    """Ten distinct labels, one of them 255 (every 3 rewritten): refused; renumbered, 255 was
+    class 9 and the digits 4-9 moved down one."""
+    d = _mnist(tmp_path / "m", labels=[255 if v == 3 else v for v in [*range(10)] * 2])
+    why = check(ROOT, _overrides(dataset="mnist", **{"data-dir": str(d), "results-dir": str(tmp_path / "r")}))
+    assert why is not None and "holds label 255: mnist's labels are 0..9" in why
 
 
 def test_a_truncated_idx_file_is_refused_naming_the_file(tmp_path):
@@ -83,7 +92,7 @@ def test_the_serverapp_refuses_wrong_data_before_any_message(tmp_path, grid_fact
     d = _mnist(tmp_path / "m", labels=[*range(10)] + [255] + list(range(9)))
     cfg = run_config(dataset="mnist", data_dir=str(d), results_dir=str(tmp_path / "r"))
     grid = grid_factory(cfg, 2)
-    with pytest.raises(ConfigError, match="'data-dir'.*the labels make 11 classes"):
+    with pytest.raises(ConfigError, match="'data-dir'.*holds label 255: mnist's labels are 0..9"):
         app._main(grid, Context(1, 0, {}, RecordDict(), cfg))
     assert grid.sent == []
 

@@ -98,3 +98,38 @@ def test_idx_files_kept_both_raw_and_gzipped_are_read_once(tmp_path):
     for gz in list(tmp_path.glob("*.gz")):
         gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
     assert len(load_idx_family("mnist", tmp_path).y) == 20
+
+
+@pytest.mark.parametrize("copy", ["train-images-idx3-ubyte.gz.bak", "train-images-idx3-ubyte.orig", "._train-images-idx3-ubyte.gz"])
+def test_copies_and_hidden_files_beside_the_idx_files_are_not_read(tmp_path, copy):
+    """A backup copy or macOS's '._' file named like an IDX file is neither pooled (the glob took
+    '.bak' copies: twice the images) nor read as IDX (a '._' file is 'bad magic number')."""
+    _write_mnist_like(tmp_path, n=20)
+    (tmp_path / copy).write_bytes(b"\0\5\26\7" + b"junk")
+    (tmp_path / copy.replace("images-idx3", "labels-idx1")).write_bytes(b"junk")
+    assert len(load_idx_family("mnist", tmp_path).y) == 20
+
+
+@pytest.mark.parametrize("which", ["images", "labels"])
+def test_a_fifo_named_like_an_idx_file_is_refused_not_waited_on(tmp_path, which):
+    """A FIFO where an IDX file belongs: refused naming it (opening it blocked forever)."""
+    import os
+
+    _write_mnist_like(tmp_path, n=20, gz=False)
+    fifo = tmp_path / ("train-images-idx3-ubyte" if which == "images" else "train-labels-idx1-ubyte")
+    fifo.unlink()
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=f"{fifo} is not a regular file"):
+        load_idx_family("mnist", tmp_path)
+
+
+def test_mnist_labels_outside_0_to_9_are_refused_naming_the_file(tmp_path):
+    """A label 255 in MNIST's labels file: refused (it was renumbered into class 9, shifting the
+    others), as torchvision's reader refuses it."""
+    _write_mnist_like(tmp_path, n=20, gz=False)
+    labels = tmp_path / "train-labels-idx1-ubyte"
+    data = bytearray(labels.read_bytes())
+    data[-1] = 255
+    labels.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=f"{labels} holds label 255: mnist's labels are 0..9"):
+        load_idx_family("mnist", tmp_path)

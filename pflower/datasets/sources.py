@@ -117,15 +117,25 @@ def read_idx(path: Path) -> np.ndarray:
         raise DataError(f"{path} is corrupt: its header's dims {list(dims)} are past what an array can hold") from None
 
 
+#: The classes of each IDX family (EMNIST: its balanced split): a label outside is refused.
+IDX_CLASSES = {"mnist": 10, "fashion-mnist": 10, "emnist": 47}
+
+
 def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
-    """(images, labels) file pairs in ``root`` whose names start with ``prefix``."""
+    """(images, labels) file pairs in ``root`` whose names start with ``prefix`` and end in
+    ``images-idx3-ubyte`` or ``images-idx3-ubyte.gz``: a copy beside them (``.bak``, ``.orig``)
+    and a hidden file (macOS's ``._*``) are not read. A name that is not a regular file (a FIFO,
+    a folder) is refused: opening a FIFO would wait forever."""
     pairs = []
-    images = sorted(root.glob(f"{prefix}*images-idx3-ubyte*"))
+    images = sorted(p for p in root.glob(f"{prefix}*images-idx3-ubyte*") if not p.name.startswith(".") and p.name.endswith(("-ubyte", "-ubyte.gz")))
     for img in images:
         if img.suffix == ".gz" and img.with_suffix("") in images:
             continue  # torchvision keeps both: the same images, read once (unzipped)
         lbl = img.with_name(img.name.replace("images-idx3", "labels-idx1"))
-        if not lbl.exists():
+        for path in (img, lbl):
+            if path.exists() and not path.is_file():
+                raise DataError(f"{path} is not a regular file (a FIFO, a folder or a device): IDX data must be a file")
+        if not lbl.is_file():
             raise DataError(f"{img} has no matching labels file {lbl.name} in {root}")
         pairs.append((img, lbl))
     return pairs
@@ -149,6 +159,8 @@ def load_idx_family(name: str, root: Path, relabel: bool = True) -> Pool:
             raise DataError(f"{img.name} ({x.shape}) and {lbl.name} ({y.shape}) do not match")
         if xs and x.shape[1:] != xs[0].shape[1:]:
             raise DataError(f"{img} holds {x.shape[1]}x{x.shape[2]} images, {pairs[0][0].name} {xs[0].shape[1]}x{xs[0].shape[2]}: one size per data set")
+        if name in IDX_CLASSES and len(y) and int(y.max()) >= IDX_CLASSES[name]:
+            raise DataError(f"{lbl} holds label {int(y.max())}: {name}'s labels are 0..{IDX_CLASSES[name] - 1}")
         xs.append(x)
         ys.append(y)
     if not sum(map(len, ys)):
