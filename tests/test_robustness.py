@@ -354,7 +354,8 @@ def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, c
     """One of 3 nodes says the federation has 100000 clients (within what any reply may say):
     the size most clients state holds, that node is refused with a line naming what it said, and
     discovery ends with the others (it waited out the timeout for clients that do not exist, then
-    sized FedFomo's per-client state from that reply)."""
+    sized FedFomo's per-client state from that reply). A node saying 4 where 4 nodes are (one
+    joined a federation of 3) is kept: test_deployment.py."""
     from pflower.client_app import app
 
     cfg = run_config(method="fedfomo", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
@@ -362,7 +363,7 @@ def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, c
     grid = InProcessGrid(app, cfg, 3, tamper=_identity_tamper(client, {"num-clients": 100000}))
     strategy.connect(grid, timeout=60)
     assert strategy.federation.num_clients == 3 and strategy.federation.ids == [c for c in range(3) if c != client]
-    assert f"(client {client}) is refused: it says the federation has 100000 clients, where the others say 3" in caplog.text
+    assert f"(client {client}) is refused: it says the federation has 100000 clients, where the others say 3 and 3 nodes are here" in caplog.text
     assert len(grid.sent) == 3  # one query each: nothing waited for a fourth client
 
 

@@ -211,7 +211,7 @@ class Federation:
                 break
             time.sleep(0.5)
         if not self.stateless:
-            self._refuse_disagreeing()
+            self._refuse_unbacked(len(nodes))
         ids = self.ids
         shown = f"{ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 3 else str(ids)
         log(INFO, "Clients: %d (ids %s)%s", len(ids), shown, f", {len(self.stateless)} without a query handler" if self.stateless else "")
@@ -251,8 +251,8 @@ class Federation:
         except (Rejected, KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %s did not identify itself: %s", node, err)
             return str(err)
-        if self.fixed and self.stated and n_clients != (agreed := self._agreed_size()):
-            return self._refuse(node, r.client_id, f"it says the federation has {n_clients} clients, where the others say {agreed}")
+        if self.fixed and n_clients > self.num_clients:
+            return self._refuse(node, r.client_id, f"it says the federation has {n_clients} clients, where it has {self.num_clients}")
         if r.client_id in self.node_of and self.node_of[r.client_id] != node:
             log(INFO, "Client %d is back as node %s", r.client_id, node)
             self.client_of.pop(self.node_of[r.client_id], None)
@@ -285,15 +285,25 @@ class Federation:
         counts = Counter(self.stated[c] for c in self.node_of if c in self.stated)
         return max(counts, key=lambda n: (counts[n], -n)) if counts else 0
 
-    def _refuse_disagreeing(self) -> None:
-        """Refuse the clients that state another federation size than the one agreed: one reply
-        never sizes the server's per-client state, nor makes it wait for clients that do not exist."""
+    def _refuse_unbacked(self, nodes: int) -> None:
+        """Refuse the clients that state a federation size other than most clients do and larger
+        than the ``nodes`` the federation has: one reply never sizes the server's per-client
+        state, nor makes it wait for clients that do not exist. A node that joins a federation
+        with a size one larger, and is there, is kept. The size is then the largest kept."""
         agreed = self._agreed_size()
         for cid in sorted(self.node_of):
-            if cid in self.stated and self.stated[cid] != agreed:
-                node = self.node_of.pop(cid)
-                self.client_of.pop(node, None)
-                self._refuse(node, cid, f"it says the federation has {self.stated.pop(cid)} clients, where the others say {agreed}")
+            if cid in self.stated and self.stated[cid] != agreed and self.stated[cid] > nodes:
+                self._refuse(self.node_of[cid], cid, f"it says the federation has {self.stated[cid]} clients, where the others say {agreed} and {nodes} nodes are here")
+                self._forget(cid)
+        if self.stated:
+            self.num_clients = max(self.stated.values())
+
+    def _forget(self, cid: int) -> None:
+        """Drop everything known of client ``cid`` (a client refused after it identified itself)."""
+        self.client_of.pop(self.node_of.pop(cid), None)
+        for known in (self.stated, self.data, self.num_examples, self.test_examples, self.classes, self.label_counts, self.domains):
+            known.pop(cid, None)
+        self.riders.discard(cid)
 
     def consistent_label_counts(self) -> dict[int, list[int]]:
         """The clients' label counts of the length most of them have (one per class); a client
