@@ -65,6 +65,10 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
     try:
         settings = load_settings(run_config)
         check_server(settings)
+        if settings.resume_from:  # a checkpoint that cannot be resumed is named before anything starts
+            from pflower.checkpoint import load_checkpoint
+
+            load_checkpoint(settings)
         check_data(settings, num_clients)
     except ConfigError as err:
         return str(err)

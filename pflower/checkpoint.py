@@ -77,6 +77,18 @@ def load_checkpoint(settings: Settings) -> Checkpoint:
     ]
     if settings.num_server_rounds < ckpt.round:
         problems.append(("num-server-rounds", settings.num_server_rounds, f"must be >= {ckpt.round}, the checkpoint's round"))
+    elif settings.num_server_rounds == ckpt.round and _finished(path.parent):
+        problems.append(("num-server-rounds", settings.num_server_rounds,
+                         f"the run in {where} finished all its {ckpt.round} rounds: nothing is left to run (raise num-server-rounds to go on)"))  # fmt: skip
     if problems:
         raise ConfigError(problems)
     return ckpt
+
+
+def _finished(folder: Path) -> bool:
+    """Whether the run in ``folder`` ended (its metrics.json says ``complete``), not only
+    checkpointed its last round (a run stopped before its figures resumes to draw them)."""
+    try:
+        return json.loads((folder / "metrics.json").read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -622,17 +622,22 @@ def _scope_problems(s: Settings) -> list[tuple[str, Any, str]]:
 
 def check_server(s: Settings) -> None:
     """ConfigError unless the ServerApp can run here: ``results-dir`` can be created and written,
-    and the trackers turned on are installed (clients need neither)."""
+    and the trackers turned on are installed (clients need neither). Nothing is left behind: the
+    folder is not created (a probe folder is made in it, or in its nearest existing parent, and
+    removed), so a check that refuses, or ``pflower-check`` itself, writes nothing."""
+    import tempfile
+
     from pflower.tracking import missing_extras
 
     if problems := missing_extras(s.to_run_config()):
         raise ConfigError(problems)
-    path = s.results_path
+    existing = s.results_path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".pflower-write-test"
-        probe.write_text("")
-        probe.unlink()
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a directory")
+        Path(tempfile.mkdtemp(prefix=".pflower-write-test-", dir=existing)).rmdir()
     except OSError as err:
         raise ConfigError([("results-dir", s.results_dir, f"must be a directory the server can write ({err.strerror or err})")]) from None
     check_held(s)

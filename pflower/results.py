@@ -155,6 +155,9 @@ class Recorder:
                 log(WARNING, "%s could not be closed: %s", type(tracker).__name__, problem)
 
     def finish(self) -> None:
+        """The run ended: metrics.json says so (``complete``: a resume of it has nothing left to
+        run), the figures are drawn and the trackers closed."""
+        self.extra["complete"] = True
         if self.dir is not None:
             self.write()
             figures = draw_run(self.document(), self.dir)

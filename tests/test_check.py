@@ -30,6 +30,16 @@ def test_a_valid_run_config_passes(tmp_path, capsys):
     assert "valid" in capsys.readouterr().out
 
 
+def test_a_check_writes_nothing_whether_it_passes_or_refuses(tmp_path, monkeypatch, capsys):
+    """pflower-check of a valid config, and pflower-sim refused for a bad key: the results-dir
+    (two levels below an existing folder) is not created, and the folder holds nothing new."""
+    results = tmp_path / "runs" / "first"
+    assert main(["-c", f"results-dir='{results}'"]) == 0
+    monkeypatch.setattr(launcher, "simulate", lambda *a, **k: pytest.fail("pflower-sim started a simulation"))
+    assert launcher.main(["-c", f"results-dir='{results}' lr=-1.0"]) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_serverapp_refuses_an_unwritable_results_dir_before_any_message(grid_factory):
     from conftest import run_config
     from flwr.app import Context, RecordDict
@@ -165,3 +175,23 @@ def test_the_data_check_leaves_no_pool_in_the_servers_memory():
     pool = federated.pool_for(settings)
     check_data(settings)
     assert federated.pool_for(settings) is pool
+
+
+def test_resuming_a_finished_run_or_an_unreadable_checkpoint_is_refused_by_the_check(tmp_path):
+    """pflower-check names a resume-from that cannot go on before anything starts: a run that
+    finished all its rounds (it ran 0 rounds, rewriting metrics.json and the figures), a cut-short
+    checkpoint (found once SuperLink and Ray had started); a run given more rounds passes."""
+    from pflower.checkpoint import CHECKPOINT
+
+    first = tmp_path / "first"
+    _serve(_small(first))
+    assert json.loads((first / "metrics.json").read_text())["complete"] is True
+    same = f"resume-from='{first}' results-dir='{tmp_path / 'second'}' num-server-rounds=2 local-epochs=1 samples-per-client=60"
+    why = check(ROOT, same)
+    assert why is not None and f"the run in {first} finished all its 2 rounds: nothing is left to run (raise num-server-rounds to go on)" in why
+    assert check(ROOT, same.replace("num-server-rounds=2", "num-server-rounds=3")) is None
+    data = (first / CHECKPOINT).read_bytes()
+    (first / CHECKPOINT).write_bytes(data[: len(data) // 2])
+    why = check(ROOT, same.replace("num-server-rounds=2", "num-server-rounds=3"))
+    assert why is not None and "is not a readable pflower checkpoint" in why
+    assert not (tmp_path / "second").exists()

@@ -267,7 +267,7 @@ def test_the_round_each_client_last_trained_in_is_sent_and_checkpointed(tmp_path
         if msg.metadata.message_type == "train":
             last[cid] = msg.content["config"]["server-round"]
     assert len(set(last.values())) > 1 and strategy.federation.trained == last
-    ckpt = load_checkpoint(load_settings({**cfg, "resume-from": str(tmp_path / "a"), "results-dir": str(tmp_path / "b")}))
+    ckpt = load_checkpoint(load_settings({**cfg, "resume-from": str(tmp_path / "a"), "results-dir": str(tmp_path / "b"), "num-server-rounds": 4}))
     assert ckpt.strategy["trained-in"] == last
     resumed = build_strategy(load_settings(cfg))
     resumed.federation.load_state_dict(ckpt.strategy)

@@ -150,7 +150,8 @@ def _resumed_without(tmp_path, tmp_path_factory, method: str, schedule: str, rem
     _, results = _full_run(tmp_path_factory, method, schedule)
     was = tmp_path / "was"
     shutil.copytree(results, was)
-    ckpt = load_checkpoint(load_settings({**_config(method, schedule, tmp_path / "resumed"), "resume-from": str(was)}))
+    more = SCHEDULES[schedule]["num-server-rounds"] + 1  # the run finished: only more rounds resume it
+    ckpt = load_checkpoint(load_settings({**_config(method, schedule, tmp_path / "resumed"), "resume-from": str(was), "num-server-rounds": more}))
     client, needed = remove(was / "client-state" / ckpt.lineage, ckpt.strategy["trained-in"])
     _new_process()
     return client, needed, tmp_path / "resumed"

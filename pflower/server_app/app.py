@@ -46,6 +46,7 @@ def main(grid: Grid, context: Context) -> None:
         settings = load_settings(context.run_config)
         torch.set_num_threads(settings.server_threads)
         check_server(settings)
+        settings.results_path.mkdir(parents=True, exist_ok=True)
         with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
             check_held(settings)
             check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
