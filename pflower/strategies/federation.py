@@ -293,7 +293,9 @@ class Federation:
         agreed = self._agreed_size()
         for cid in sorted(self.node_of):
             if cid in self.stated and self.stated[cid] != agreed and self.stated[cid] > nodes:
-                self._refuse(self.node_of[cid], cid, f"it says the federation has {self.stated[cid]} clients, where the others say {agreed} and {nodes} nodes are here")
+                self._refuse(
+                    self.node_of[cid], cid, f"it says the federation has {self.stated[cid]} clients, where the others say {agreed} and {nodes} nodes are here"
+                )
                 self._forget(cid)
         if self.stated:
             self.num_clients = max(self.stated.values())
