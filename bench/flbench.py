@@ -437,7 +437,7 @@ def report() -> None:
 
     data = load()
     figure(data, ROOT / "docs" / "figures" / "flbench.png")
-    write_block(PAGE, "flbench", table(data))
+    write_block(PAGE, "mechanism:flbench", table(data))
     print(table(data))
 
 
