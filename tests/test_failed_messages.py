@@ -88,15 +88,7 @@ def test_a_failed_evaluation_counts_alike_on_either_schedule(tmp_path, monkeypat
 def test_a_failed_relay_step_costs_only_its_round_on_either_engine(tmp_path, monkeypatch, step):
     """A FedeRiCo client whose relay step of round 2 raises: a SuperNode and the simulation engine
     go on from the same state (the step's changes are not kept), on either schedule."""
-    method_class = _federico_method_class()
-    real = method_class.relay_step
-
-    def fails(self, phase, model, data, incoming, state, client_id, num_clients, server_round):
-        if client_id == FAULTY and server_round == ROUND and phase == step:
-            raise RuntimeError(f"the {phase} step failed")
-        return real(self, phase, model, data, incoming, state, client_id, num_clients, server_round)
-
-    monkeypatch.setattr(method_class, "relay_step", fails)
+    _failing_relay_step(monkeypatch, step, FAULTY)
     cfg = _config("federico")
     two = _rows(tmp_path, cfg, single=False, simulation=True)
     assert two[0]["evaluated"] == 3
@@ -124,9 +116,18 @@ def test_a_message_whose_save_fails_leaves_the_context_as_it_found_it(tmp_path, 
     assert {name: dict(record) for name, record in context.state.items()} == before
 
 
-def _federico_method_class():
+def _failing_relay_step(monkeypatch, step: str, client: int) -> None:
+    """FedeRiCo's relay ``step`` of round 2 raises on ``client``."""
     federico = importlib.import_module("pflower.client_app.federico")
-    return next(c for c in vars(federico).values() if isinstance(c, type) and getattr(c, "LAST_STEP", "") == "update")
+    method_class = next(c for c in vars(federico).values() if isinstance(c, type) and getattr(c, "LAST_STEP", "") == "update")
+    real = method_class.relay_step
+
+    def fails(self, phase, model, data, incoming, state, client_id, num_clients, server_round):
+        if client_id == client and server_round == ROUND and phase == step:
+            raise RuntimeError(f"the {phase} step failed")
+        return real(self, phase, model, data, incoming, state, client_id, num_clients, server_round)
+
+    monkeypatch.setattr(method_class, "relay_step", fails)
 
 
 @pytest.mark.parametrize("step", ["plan", "serve", "use"])
@@ -150,15 +151,7 @@ def test_a_lost_relayed_reply_costs_only_its_round(grid_factory, tmp_path, monke
     grid = grid_factory({**cfg, "results-dir": str(tmp_path / "lost")}, 5, tamper=lose)
     build_strategy(load_settings({**cfg, "results-dir": str(tmp_path / "lost")})).start(grid=grid)
     lost = json.loads((tmp_path / "lost" / "metrics.json").read_text())["rounds"]
-    method_class = _federico_method_class()
-    real = method_class.relay_step
-
-    def fails(self, phase, model, data, incoming, state, client_id, num_clients, server_round):
-        if client_id == faulty and server_round == ROUND and phase == step:
-            raise RuntimeError(f"the {phase} step failed")
-        return real(self, phase, model, data, incoming, state, client_id, num_clients, server_round)
-
-    monkeypatch.setattr(method_class, "relay_step", fails)
+    _failing_relay_step(monkeypatch, step, faulty)
     grid = grid_factory({**cfg, "results-dir": str(tmp_path / "failed")}, 5)
     build_strategy(load_settings({**cfg, "results-dir": str(tmp_path / "failed")})).start(grid=grid)
     failed = json.loads((tmp_path / "failed" / "metrics.json").read_text())["rounds"]
