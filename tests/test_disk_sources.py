@@ -356,3 +356,20 @@ def test_huggingface_labels_and_ids_that_are_not_one_per_row_are_refused(tmp_pat
             load_settings({**nat, "natural-id-column": column})
         with pytest.raises(DataError, match=message):
             huggingface.load_hf(ids, "pixels", "animal", column)
+
+
+def test_parquet_files_in_hidden_folders_are_not_read(hf_files, tmp_path):
+    """A Hugging Face folder with a stale copy under .cache/ (and a hidden file): only the visible
+    Parquet files are pooled (the hidden ones were read too: more samples than the data set has)."""
+    import shutil
+
+    from pflower.datasets import huggingface
+
+    root, x, y, _ = hf_files
+    folder = tmp_path / "parquet"
+    shutil.copytree(root / "parquet", folder)
+    (folder / ".cache").mkdir()
+    shutil.copy(folder / "part-0.parquet", folder / ".cache" / "old.parquet")
+    shutil.copy(folder / "part-1.parquet", folder / ".part-2.parquet")
+    huggingface.open_dataset.cache_clear()
+    assert load_pool(Source("huggingface", str(folder), id_column="writer")).y.tolist() == y.tolist()

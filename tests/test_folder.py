@@ -122,3 +122,14 @@ def test_deep_grayscale_is_scaled_to_eight_bits_not_clipped(tmp_path, monkeypatc
     Image.fromarray(over).save(root / "train" / "1" / f"x.{ext}")
     with pytest.raises(F.FolderError, match=f"image .*1/x.{ext} \\(mode {mode}\\) holds values from .*; deep grayscale is read as 0-{top:g}"):
         F.decode_folder(F.index_folder(root))
+
+
+@pytest.mark.parametrize("stray", ["train/__MACOSX/apple/._0.png", "train/.ipynb_checkpoints/x.png", "train/apple/Thumbs.db", "test/moon/desktop.ini"])
+def test_archive_metadata_hidden_folders_and_shell_files_are_not_classes_or_images(tree, stray):
+    """A macOS archive's __MACOSX folder or a hidden folder is no class (one was counted, then the
+    run stopped with a traceback); Windows' Thumbs.db and desktop.ini are no images (one stopped
+    the run): the tree reads as without them."""
+    (tree / stray).parent.mkdir(parents=True, exist_ok=True)
+    (tree / stray).write_bytes(b"\0junk")
+    x, y, classes = F.load_folder(tree)
+    assert classes == ("apple", "moon", "zebra") and x.shape == (15, 3, 8, 8)

@@ -30,7 +30,13 @@ SPLITS = ("train", "test")
 #: Bumped when decoding changes, so a cache decoded the old way is not read again.
 DECODER = 2
 #: File names that are not images (a folder's own metadata).
-SKIP = (".DS_Store", "README", "README.md", "LICENSE")
+SKIP = (".DS_Store", "README", "README.md", "LICENSE", "Thumbs.db", "desktop.ini")
+#: Folders that are no class: hidden ones (``.ipynb_checkpoints``) and macOS archives' metadata.
+NOT_CLASSES = ("__MACOSX",)
+
+
+def _class_folder(p: Path) -> bool:
+    return p.is_dir() and not p.name.startswith(".") and p.name not in NOT_CLASSES
 
 
 class FolderError(ValueError):
@@ -57,14 +63,14 @@ class FolderIndex:
 def is_image_folder(root: Path) -> bool:
     """Whether ``root`` has a ``train/`` of class folders."""
     train = root / "train"
-    return train.is_dir() and any(p.is_dir() for p in train.iterdir())
+    return train.is_dir() and any(_class_folder(p) for p in train.iterdir())
 
 
 def index_folder(root: Path) -> FolderIndex:
     """The classes and files of the tree under ``root`` (see the module docstring)."""
     if not is_image_folder(root):
         raise FolderError(f"{root} is not an image folder: expected {root / 'train'}/<class>/<images> (and optionally test/<class>/...)")
-    classes = sorted({p.name for split in SPLITS if (root / split).is_dir() for p in (root / split).iterdir() if p.is_dir()})
+    classes = sorted({p.name for split in SPLITS if (root / split).is_dir() for p in (root / split).iterdir() if _class_folder(p)})
     files = []
     for split in SPLITS:
         for label, name in enumerate(classes):

@@ -49,7 +49,13 @@ def offline_datasets():
 
 
 def _parquet_files(path: Path) -> list[Path]:
-    return [path] if path.is_file() and path.suffix == ".parquet" else sorted(path.rglob("*.parquet")) if path.is_dir() else []
+    """``path`` if it is a Parquet file, else the Parquet files below it, hidden ones (and those in
+    hidden folders, a ``.cache``) left out."""
+    if path.is_file() and path.suffix == ".parquet":
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(path).parts))
 
 
 def is_saved_dataset(path: Path) -> bool:
