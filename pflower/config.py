@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from pflower.methods import MethodParams, declarations
+from pflower.methods.declaration import within_float32
 from pflower.run_folder import CHECKPOINT, held_run
 
 if TYPE_CHECKING:  # the data modules import torch, which the configuration does not need
@@ -276,6 +277,11 @@ class Settings(BaseModel):
             if isinstance(method, str) and method in declarations():
                 data = {**data, "params": declarations()[method].params()}
         return data
+
+    @field_validator("*")
+    @classmethod
+    def _within_float32(cls, v: Any) -> Any:
+        return within_float32(v)
 
     @field_validator("results_dir")
     @classmethod

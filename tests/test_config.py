@@ -161,3 +161,10 @@ def test_local_steps_replace_local_epochs_which_is_refused_beside_them():
     with pytest.raises(ConfigError, match="'local-epochs' = 1 is not allowed: only for local-steps=0") as err:
         load_settings(run_config(local_steps=2, local_epochs=1))
     assert len(err.value.problems) == 1
+
+
+@pytest.mark.parametrize("overrides, key", [({"lr": 1e308}, "lr"), ({"lr": 3.5e38}, "lr"), ({"method": "fedprox", "fedprox__mu": 1e300}, "fedprox.mu")])
+def test_a_float_float32_cannot_hold_is_refused_naming_the_key(overrides, key):
+    """lr=1e308 passed the check and every client then failed converting it to float32."""
+    with pytest.raises(ConfigError, match=rf"'{key}' = .* is not allowed: must be at most 3.403e\+38 in magnitude"):
+        load_settings(run_config(**overrides))

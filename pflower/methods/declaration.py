@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pflower import reply_metrics
 
@@ -21,10 +21,27 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
+#: The largest magnitude a float key may have: the clients compute in float32, where a larger
+#: value is infinite (lr=1e308 passed the check and every client failed converting it).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def within_float32(v: Any) -> Any:
+    """``v`` if it is no float or one float32 holds; ValueError otherwise."""
+    if isinstance(v, float) and abs(v) > FLOAT32_MAX:
+        raise ValueError(f"must be at most {FLOAT32_MAX:.4g} in magnitude: the clients compute in float32, where it is infinite")
+    return v
+
+
 class MethodParams(BaseModel):
     """A method's own run-config keys (``<method>.<key>``), typed and range-checked; none by default."""
 
     model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _within_float32(cls, v: Any) -> Any:
+        return within_float32(v)
 
 
 class HeadParams(MethodParams):
