@@ -39,6 +39,35 @@ FLOWER_ENV = {
 CONNECTION = "pflower-sim"
 
 
+class Quiet:
+    """What pflower-sim prints of a run's log: Flower's and Ray's notes that do not apply to a
+    pflower run (Flower's default federation size and the command to change it, where pflower-sim
+    sets it with ``--num-clients``; Ray's FutureWarning about a setting pflower leaves as Flower
+    does) give way to one accurate line; every other line as it comes. The log itself keeps them."""
+
+    FLOWER = (
+        "Since flwr 1.32, default simulated SuperNodes changed",
+        "To change federation size, use the following command",
+        "flwr federation simulation-config",
+    )
+    RAY = "FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator"
+
+    def __init__(self, num_clients: int | None):
+        self.num_clients = num_clients
+        self.after_warning = False
+
+    def __call__(self, line: str) -> str | None:
+        if self.after_warning and line.strip() == "warnings.warn(":
+            self.after_warning = False
+            return None
+        self.after_warning = self.RAY in line
+        if self.after_warning or any(note in line for note in self.FLOWER):
+            return None
+        if self.num_clients is not None and "simulated SuperNodes)" in line and "Federation `" in line:
+            return f"pflower-sim: {self.num_clients} simulated clients (--num-clients)\n"
+        return line
+
+
 def flower_env(flwr_home: Path) -> dict[str, str]:
     env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(flwr_home)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -205,12 +234,12 @@ def submit(
         if run_config:
             cmd += ["--run-config", run_config]
         proc = subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = []
+        lines, quiet = [], Quiet(num_clients)
         try:
             for line in proc.stdout:
                 lines.append(line)
-                if echo:
-                    print(line, end="", flush=True)
+                if echo and (shown := quiet(line)) is not None:
+                    print(shown, end="", flush=True)
                 if on_line is not None:
                     on_line(line)
             proc.wait()

@@ -338,3 +338,25 @@ def test_a_process_is_followed_by_pid_and_start_time():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_flower_and_ray_notes_that_do_not_apply_give_way_to_one_accurate_line():
+    """The lines Flower 1.39 and Ray print at every simulation's start (a federation-size warning
+    and a hint naming Flower's command, where pflower-sim's is --num-clients; Ray's FutureWarning
+    and its source line) are not shown; the federation's size is, in pflower's words."""
+    log = [
+        "\x1b[92mINFO \x1b[0m:      Starting Flower Simulation\n",
+        "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n",
+        "\x1b[92mINFO \x1b[0m:      Federation `@none/default` (10 simulated SuperNodes)\n",
+        "\x1b[92mINFO \x1b[0m:      To change federation size, use the following command:\n",
+        "\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink> --num-supernodes <N>\n",
+        "/x/ray/_private/worker.py:2051: FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator visible devices env var if num_gpus=0\n",
+        "  warnings.warn(\n",
+        "\x1b[92mINFO \x1b[0m:      Clients: 10 (ids 0..9)\n",
+        "  warnings.warn(\n",
+    ]
+    from pflower.launcher import Quiet
+
+    quiet = Quiet(10)
+    shown = [out for line in log if (out := quiet(line)) is not None]
+    assert shown == [log[0], "pflower-sim: 10 simulated clients (--num-clients)\n", log[7], log[8]]
