@@ -441,3 +441,17 @@ def test_lazy_evaluation_records_are_the_eager_ones_built_a_chunk_at_a_time(grid
         assert [(k, a.data) for k, a in lazy[cid].items()] == [(k, a.data) for k, a in eager[cid].items()]
     assert lazy.builds == 2  # chunks [0, 1] and [2], each once
     assert lazy[0].keys() == eager[0].keys() and lazy.builds == 3  # only the last chunk is kept
+
+
+def test_the_weights_line_says_why_a_figure_is_a_dash():
+    """The main job's last line of weights printed 'ratio -, -, -, -' unexplained: a '-' now comes
+    with its reason (no two clients share a class set; all weight in a layer on the client itself)."""
+    from pflower.strategies.pfedla import _dashes
+
+    main_job = {"ratio": [None] * 4, "same": [None] * 4, "disjoint": [0.1, 0.0, 0.0, 0.1], "overlap-correlation": [0.43, None, None, 0.42]}
+    assert _dashes(main_job) == " (ratio -: no two clients have the same class set; correlation -: every other client gets the same weight in that layer)"
+    assert (
+        _dashes({"ratio": [2.0, None], "same": [0.2, 0.3], "disjoint": [0.1, 0.0], "overlap-correlation": [0.4, 0.5]})
+        == " (ratio -: no weight on clients sharing no class)"
+    )
+    assert _dashes({"ratio": [2.0], "same": [0.2], "disjoint": [0.1], "overlap-correlation": [0.4]}) == ""

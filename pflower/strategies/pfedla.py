@@ -176,5 +176,25 @@ class PFedLA(PersonalModels):
             if server_round == self.num_rounds:
                 ratios = ", ".join("-" if r is None else f"{r:.2f}" for r in structure["ratio"])
                 corr = ", ".join("-" if c is None else f"{c:.2f}" for c in structure["overlap-correlation"])
-                log(INFO, "Weights per layer: same-classes / disjoint-classes ratio %s; correlation with class overlap %s", ratios, corr)
+                log(INFO, "Weights per layer: same-classes / disjoint-classes ratio %s; correlation with class overlap %s%s", ratios, corr, _dashes(structure))
         return out
+
+
+def _dashes(structure: dict) -> str:
+    """Why the weights line has a '-' where it has one (:func:`alpha_structure`'s None)."""
+    why = []
+    if (layer := next((k for k, r in enumerate(structure["ratio"]) if r is None), None)) is not None:
+        same, disjoint = structure["same"][layer], structure["disjoint"][layer]
+        why.append(
+            "ratio -: "
+            + (
+                "no two clients have the same class set"
+                if same is None
+                else "every two clients share a class"
+                if disjoint is None
+                else "no weight on clients sharing no class"
+            )
+        )
+    if None in structure["overlap-correlation"]:
+        why.append("correlation -: every other client gets the same weight in that layer")
+    return f" ({'; '.join(why)})" if why else ""
