@@ -79,7 +79,8 @@ def _status(sock: Path) -> dict | None:
 class Node:
     """A probe fork server (no preload: starts in a fraction of a second) and a shim beside it."""
 
-    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main", wrap: tuple[str, ...] = (), path: str = "", program: Path = WARM):
+    def __init__(self, root: Path, preload: str = "", entry: str = "warm_probe:main", wrap: tuple[str, ...] = (), path: str = "", program: Path = WARM,
+                 start_timeout: float = 60):  # fmt: skip
         self.root = root
         (root / "probe").mkdir(parents=True, exist_ok=True)
         (root / "probe" / "warm_probe.py").write_text(PROBE)
@@ -93,8 +94,12 @@ class Node:
         cmd = [*wrap, sys.executable, str(program), "serve", "--socket", str(self.sock), "--preload", preload] + (["--entry", entry] if entry else [])
         self.log = open(root / "server.log", "wb")
         self.server = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        _wait(lambda: _status(self.sock) is not None or self.server.poll() is not None, 60, "the fork server")
-        assert self.server.poll() is None, (root / "server.log").read_text()
+        try:  # a server that does not come up in time is stopped here: no fixture holds it yet
+            _wait(lambda: _status(self.sock) is not None or self.server.poll() is not None, start_timeout, "the fork server")
+            assert self.server.poll() is None, (root / "server.log").read_text()
+        except BaseException:
+            self.stop()
+            raise
 
     def env(self, **extra) -> dict[str, str]:
         return {"PATH": f"{self.shim.parent}:{self.fake}:/usr/bin:/bin", warm.ENV_SOCKET: str(self.sock), **extra}
@@ -116,6 +121,22 @@ class Node:
                 self.server.kill()
                 self.server.wait(10)
         self.log.close()
+
+
+def test_a_fork_server_that_does_not_come_up_in_time_is_not_left_behind(tmp_path, monkeypatch):
+    """The helper's server never answers (a stand-in that only sleeps): the helper fails and the
+    process is gone (at a load of 23 it was left running, orphaned)."""
+    started = []
+    real = subprocess.Popen
+
+    def popen(*args, **kw):
+        started.append(real(*args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(AssertionError, match="timed out waiting for the fork server"):
+        Node(tmp_path, wrap=("sh", "-c", "exec sleep 600", "stand-in"), start_timeout=0.5)
+    assert len(started) == 1 and started[0].poll() is not None
 
 
 @pytest.fixture
