@@ -13,6 +13,7 @@ number of clients before it starts a SuperLink. For ``flwr run`` users: ``pflowe
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tomllib
 from collections.abc import Callable
@@ -26,6 +27,17 @@ def app_run_config(app: Path, overrides: str = "") -> dict:
     project = tomllib.loads((app / "pyproject.toml").read_text())
     defaults = flatten_dict(project.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
     return {**defaults, **parse_config_args([overrides] if overrides else None)}
+
+
+#: A ``key=value`` pair as Flower's ``-c`` parser reads one (``flwr.common.config.parse_config_args``).
+PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+def unread(overrides: str) -> str | None:
+    """The text of ``overrides`` that Flower's parser would drop without a word (``lr = 0.2``:
+    spaces around ``=``; a word without one), or None if it reads every part."""
+    left = PAIR.sub(" ", overrides).split()
+    return " ".join(left) if left and not overrides.strip().endswith(".toml") else None
 
 
 def at_least_one(what: str) -> Callable[[str], int]:
@@ -58,6 +70,8 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
     ``num_clients``, their partition too)."""
     from pflower.config import ConfigError, check_data, check_server, load_settings
 
+    if (dropped := unread(overrides)) is not None:
+        return f"run config {overrides!r}: {dropped!r} is not a key=value pair (no spaces around '='; quote a value with spaces), and flwr run would drop it"
     try:
         run_config = app_run_config(app, overrides)
     except Exception as err:  # noqa: BLE001 - an unparsable -c string: Flower's own message

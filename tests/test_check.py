@@ -16,6 +16,9 @@ from pflower.check import check, main
     ("method='fedavg' superfed.mu=5.0", "'superfed.mu' = 5.0 is not allowed: belongs to method 'superfed', but method is 'fedavg'"),
     ("lr=-0.1", "'lr' = -0.1 is not allowed: Input should be greater than 0"),
     ("results-dir='/proc/pflower-results'", "'results-dir' = '/proc/pflower-results' is not allowed: must be a directory the server can write"),
+    ("dataset = 'mnist'", "\"dataset = 'mnist'\" is not a key=value pair (no spaces around '='"),
+    ("lr=0.2 num-server-rounds= 5", "'num-server-rounds= 5' is not a key=value pair"),
+    ("lr=0.2 fedprox", "'fedprox' is not a key=value pair"),
 ])  # fmt: skip
 def test_a_bad_run_config_is_named_before_anything_starts(monkeypatch, capsys, overrides, message):
     assert message in check(ROOT, overrides)
