@@ -63,6 +63,8 @@ def load_checkpoint(settings: Settings) -> Checkpoint:
         ckpt = Checkpoint(raw["lineage"], int(raw["round"]), json.loads(raw["config"]), raw["strategy"], json.loads(raw["rounds"]))
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise ConfigError([("resume-from", where, f"{path} is not a readable pflower checkpoint ({err})")]) from None
+    if (bad := _non_finite(ckpt.strategy)) is not None:
+        raise ConfigError([("resume-from", where, f"{path} holds NaN or infinite values in the server state's {bad}: a run does not go on from it")])
     now = settings.to_run_config()
     problems = [
         (key, now.get(key), f"differs from the checkpoint in {where} ({old!r}); a resumed run may only change {sorted(RESUMABLE_CHANGES)}")
@@ -83,6 +85,18 @@ def load_checkpoint(settings: Settings) -> Checkpoint:
     if problems:
         raise ConfigError(problems)
     return ckpt
+
+
+def _non_finite(state, name: str = "") -> str | None:
+    """The name of the first floating tensor in ``state`` (nested dicts and lists) with a NaN or
+    an infinity, or None."""
+    if isinstance(state, torch.Tensor):
+        return name or "state" if state.is_floating_point() and not bool(torch.isfinite(state).all()) else None
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, list | tuple) else ()
+    for key, value in items:
+        if (found := _non_finite(value, f"{name}.{key}" if name else str(key))) is not None:
+            return found
+    return None
 
 
 def _finished(folder: Path) -> bool:

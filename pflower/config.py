@@ -107,7 +107,12 @@ class Settings(BaseModel):
         description="how the pool is shared out: `iid`, `dirichlet` (label shares drawn from a Dirichlet), `pathological` (a few classes per client, equal samples per class), `dominant` (all classes, a few dominant), `label-groups` (disjoint label groups, each client drawing from one), `classes` (the classes `client-classes` lists for each client); flwr-datasets' `shards` (the FedAvg paper's: label-sorted shards, `shards-per-client` each), `linear` and `exponential` (quantity skew: client i gets a share ∝ i + 1 or e^(i + 1)), `sizes` (`client-sizes` samples each), `natural-id` (one value of `natural-id-column` per client, or several)",
     )
     classes_per_client: int = Field(4, ge=1, le=10000, description="`pathological`: classes per client")
-    dirichlet_alpha: float = Field(0.5, gt=0, description="`dirichlet`: concentration (smaller: more skewed)")
+    dirichlet_alpha: float = Field(
+        0.5,
+        gt=0,
+        le=1e6,
+        description="`dirichlet`: concentration (smaller: more skewed; at 1e6 the shares are IID's: larger ones overflow the draw, use partition='iid')",
+    )
     dominant_classes: int = Field(2, ge=1, le=10000, description="`dominant`: dominant classes per client")
     dominant_fraction: float = Field(0.8, gt=0, lt=1, description="`dominant`: share of a client's samples in its dominant classes")
     label_groups: int = Field(2, ge=1, le=10000, description="`label-groups`: number of disjoint label groups")

@@ -198,3 +198,29 @@ def test_resuming_a_finished_run_or_an_unreadable_checkpoint_is_refused_by_the_c
     why = check(ROOT, same.replace("num-server-rounds=2", "num-server-rounds=3"))
     assert why is not None and "is not a readable pflower checkpoint" in why
     assert not (tmp_path / "second").exists()
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_by_the_check(tmp_path):
+    """A checkpoint whose server state holds a NaN (a disk fault, a diverged run saved by hand):
+    named by pflower-check before anything starts, not found after a round of training."""
+    import torch
+
+    from pflower.checkpoint import CHECKPOINT
+
+    first = tmp_path / "first"
+    _serve(_small(first))
+    raw = torch.load(first / CHECKPOINT, weights_only=True)
+
+    def poison(state) -> bool:
+        for value in state.values() if isinstance(state, dict) else []:
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+                value.view(-1)[0] = float("nan")
+                return True
+            if poison(value):
+                return True
+        return False
+
+    assert poison(raw["strategy"])
+    torch.save(raw, first / CHECKPOINT)
+    why = check(ROOT, f"resume-from='{first}' results-dir='{tmp_path / 'second'}' num-server-rounds=3 local-epochs=1 samples-per-client=60")
+    assert why is not None and "holds NaN or infinite values in the server state's" in why

@@ -168,3 +168,10 @@ def test_a_float_float32_cannot_hold_is_refused_naming_the_key(overrides, key):
     """lr=1e308 passed the check and every client then failed converting it to float32."""
     with pytest.raises(ConfigError, match=rf"'{key}' = .* is not allowed: must be at most 3.403e\+38 in magnitude"):
         load_settings(run_config(**overrides))
+
+
+def test_a_dirichlet_alpha_whose_draw_overflows_is_refused_naming_the_bound():
+    """dirichlet-alpha=1e308 passed, its draw overflowed to all-zero shares, and the advice said to
+    raise alpha: refused with the bound (the key's description says to use partition='iid')."""
+    with pytest.raises(ConfigError, match=r"'dirichlet-alpha' = 1e\+308 is not allowed: Input should be less than or equal to 1000000"):
+        load_settings(run_config(partition="dirichlet", dirichlet_alpha=1e308))
