@@ -373,3 +373,27 @@ def test_parquet_files_in_hidden_folders_are_not_read(hf_files, tmp_path):
     shutil.copy(folder / "part-1.parquet", folder / ".part-2.parquet")
     huggingface.open_dataset.cache_clear()
     assert load_pool(Source("huggingface", str(folder), id_column="writer")).y.tolist() == y.tolist()
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ([0.0, 1.0, float("nan"), 1.0], r"column 'label': row 2 has label nan, not a class"),
+        ([[0], [1], [0], [1]], r"column 'label': holds (List|Sequence) values"),
+        ([{"a": 0}, {"a": 1}, {"a": 0}, {"a": 1}], r"column 'label': holds dict values"),
+    ],
+    ids=["nan", "lists", "structs"],
+)
+def test_label_columns_of_nan_lists_or_structs_are_refused_naming_the_column(tmp_path, labels, message):
+    """A float label column with a NaN made a class 'nan'; a column of lists or structs raised
+    Arrow's ArrowNotImplementedError (a traceback): each is refused naming the column."""
+    import datasets
+    from PIL import Image
+
+    from pflower.datasets import huggingface
+
+    rows = {"image": [Image.fromarray(np.full((8, 8), i * 40, dtype=np.uint8)) for i in range(4)], "label": labels}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
+    huggingface.open_dataset.cache_clear()
+    with pytest.raises(DataError, match=message):
+        load_pool(Source("huggingface", str(tmp_path / "ds")))

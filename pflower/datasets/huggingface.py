@@ -321,15 +321,20 @@ class HFInfo:
 def _classes(ds, label: str) -> tuple[tuple[str, ...], np.ndarray | None]:
     """The class names, and for plain values the sorted distinct values they number (None for a ClassLabel)."""
     feature = ds.features[label]
+    class_label = hasattr(feature, "names") and hasattr(feature, "num_classes")
+    dtype = str(getattr(feature, "dtype", ""))
+    # Before any read of its values: Arrow cannot count lists and structs.
+    if not class_label and (type(feature).__name__ != "Value" or dtype in ("binary", "large_binary", "null")):
+        raise DataError(f"column {label!r}: holds {type(feature).__name__} values ({dtype or 'not scalars'}); labels are a ClassLabel, integers or strings")
     if None in ds.unique(label):
         row = column_values(ds, label).index(None)
         raise DataError(f"column {label!r}: row {row} has no label (null); every row needs one")
-    if hasattr(feature, "names") and hasattr(feature, "num_classes"):  # a ClassLabel
+    if class_label:
         return tuple(feature.names), None
-    dtype = str(getattr(feature, "dtype", ""))
-    if type(feature).__name__ != "Value" or dtype in ("binary", "large_binary", "null"):
-        raise DataError(f"column {label!r}: holds {type(feature).__name__} values ({dtype or 'not scalars'}); labels are a ClassLabel, integers or strings")
     values = np.unique(np.asarray(ds.unique(label)))
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        row = int(np.flatnonzero(~np.isfinite(np.asarray(column_values(ds, label), dtype=np.float64)))[0])
+        raise DataError(f"column {label!r}: row {row} has label {column_values(ds, label)[row]}, not a class; labels are a ClassLabel, integers or strings")
     return tuple(str(v) for v in values), values
 
 
