@@ -133,3 +133,16 @@ def test_mnist_labels_outside_0_to_9_are_refused_naming_the_file(tmp_path):
     labels.write_bytes(bytes(data))
     with pytest.raises(DataError, match=f"{labels} holds label 255: mnist's labels are 0..9"):
         load_idx_family("mnist", tmp_path)
+
+
+@pytest.mark.parametrize("gzipped", ["images", "labels"])
+def test_gzipped_images_with_raw_labels_and_the_other_way_round_are_read(tmp_path, gzipped):
+    """One file of a pair gzipped, the other not: read as the pair it is (it was refused for a
+    missing labels file)."""
+    imgs, labels = _write_mnist_like(tmp_path, n=20, gz=True)
+    keep = "images" if gzipped == "images" else "labels"
+    other = next(tmp_path.glob("*-labels-*" if keep == "images" else "*-images-*"))
+    other.with_suffix("").write_bytes(gzip.decompress(other.read_bytes()))
+    other.unlink()
+    pool = load_idx_family("mnist", tmp_path)
+    assert pool.y.tolist() == labels.tolist() and len(pool.x) == 20

@@ -132,6 +132,9 @@ def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
         if img.suffix == ".gz" and img.with_suffix("") in images:
             continue  # torchvision keeps both: the same images, read once (unzipped)
         lbl = img.with_name(img.name.replace("images-idx3", "labels-idx1"))
+        other = lbl.with_suffix("") if lbl.suffix == ".gz" else lbl.with_name(lbl.name + ".gz")
+        if not lbl.exists() and other.is_file():  # gzipped images with raw labels, or the other way round
+            lbl = other
         for path in (img, lbl):
             if path.exists() and not path.is_file():
                 raise DataError(f"{path} is not a regular file (a FIFO, a folder or a device): IDX data must be a file")
