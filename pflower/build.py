@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from pflower.config import MODEL_MIN_SIZE, Settings
+from pflower.config import MODEL_MIN_SIZE, ConfigError, Settings, machine_memory, size_text
 from pflower.methods import get
 from pflower.models import CNN, CNN2, MLP, LeafCNN, LeNet, TwoCNN
 
@@ -87,3 +87,23 @@ def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None
     strategy.gate.schemas.update(method.reply_schemas())
     strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
     return strategy
+
+
+#: Copies of the model a client holds at once in float32: its weights, their gradients, the
+#: state it saves and the arrays it receives.
+MODEL_COPIES = 4
+
+
+def check_model(s: Settings) -> None:
+    """ConfigError naming ``image-size`` (or ``model``) if the model for this data does not fit
+    this machine: built on PyTorch's meta device (no memory), its parameters and buffers counted
+    (``model='leaf-cnn' image-size=1024`` asked for a 32 GiB model at the first message)."""
+    shape = s.image_shape
+    with torch.device("meta"):
+        model = build_model(s, shape, s.num_classes, s.seed)
+    values = sum(t.numel() for t in [*model.parameters(), *model.buffers()])
+    if (need := MODEL_COPIES * 4 * values) > (have := machine_memory()):
+        key, value = ("image-size", s.image_size) if s.image_size else ("model", s.model)
+        why = (f"model '{resolve_model_name(s, shape)}' on inputs {tuple(shape)} has {values:,} parameters: {size_text(need)} for a client to "
+               f"train it, the machine has {size_text(have)}; choose a smaller image-size or model")  # fmt: skip
+        raise ConfigError([(key, value, why)])

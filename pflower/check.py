@@ -68,6 +68,7 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
     """Why the run config of ``app`` with ``overrides`` would be refused, or None: its keys, the
     results-dir, then its data opened as every client will (:func:`pflower.config.check_data`; with
     ``num_clients``, their partition too)."""
+    from pflower.build import check_model
     from pflower.config import ConfigError, check_data, check_server, load_settings
 
     if (dropped := unread(overrides)) is not None:
@@ -84,6 +85,7 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
 
             load_checkpoint(settings)
         check_data(settings, num_clients)
+        check_model(settings)
     except ConfigError as err:
         return str(err)
     return None

@@ -403,7 +403,8 @@ class Settings(BaseModel):
         return {**self.model_dump(by_alias=True, exclude={"params"}), **own}
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """``n`` bytes in GiB or MiB."""
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
@@ -501,7 +502,7 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
             (
                 "image-size",
                 s.image_size,
-                f"{_size(need)} to hold the decoded images at this size, the machine has {_size(have)}; choose a smaller image-size",
+                f"{size_text(need)} to hold the decoded images at this size, the machine has {size_text(have)}; choose a smaller image-size",
             )
         )
     if s.samples_per_client and s.partition not in ("pathological", "dominant", "label-groups", "classes"):
@@ -681,31 +682,6 @@ def check_data(s: Settings, num_clients: int | None = None) -> None:
         raise ConfigError([(err.key, s.to_run_config().get(err.key, s.partition), str(err))]) from None
     except (DataError, FolderError, OSError) as err:
         raise ConfigError([("data-dir", s.data_dir, str(err))]) from None
-    check_model(s)
-
-
-#: Copies of the model a client holds at once in float32: its weights, their gradients, the
-#: state it saves and the arrays it receives.
-MODEL_COPIES = 4
-
-
-def check_model(s: Settings) -> None:
-    """ConfigError naming ``image-size`` (or ``model``) if the model for this data does not fit
-    this machine: built on PyTorch's meta device (no memory), its parameters and buffers counted
-    (``model='leaf-cnn' image-size=1024`` asked for a 32 GiB model at the first message)."""
-    import torch
-
-    from pflower.build import build_model, resolve_model_name
-
-    shape = s.image_shape
-    with torch.device("meta"):
-        model = build_model(s, shape, s.num_classes, s.seed)
-    values = sum(t.numel() for t in [*model.parameters(), *model.buffers()])
-    if (need := MODEL_COPIES * 4 * values) > (have := machine_memory()):
-        key, value = ("image-size", s.image_size) if s.image_size else ("model", s.model)
-        why = (f"model '{resolve_model_name(s, shape)}' on inputs {tuple(shape)} has {values:,} parameters: {_size(need)} for a client to "
-               f"train it, the machine has {_size(have)}; choose a smaller image-size or model")  # fmt: skip
-        raise ConfigError([(key, value, why)])
 
 
 def known_keys() -> list[str]:

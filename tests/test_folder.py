@@ -139,12 +139,12 @@ def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(tree, m
     """model='leaf-cnn' image-size=1024: its dense layer alone has billions of parameters (a
     32 GiB model, asked for at the first message): refused naming image-size, counted on
     PyTorch's meta device without allocating it; at image-size=28 it passes."""
-    from pflower import config
+    from pflower import build
 
-    monkeypatch.setattr(config, "machine_memory", lambda: 8 * 2**30)
+    monkeypatch.setattr(build, "machine_memory", lambda: 8 * 2**30)
     cfg = run_config(dataset="imagefolder", data_dir=str(tree), model="leaf-cnn", image_size=1024, classes_per_client=2)
     with pytest.raises(
         ConfigError, match=r"'image-size' = 1024 is not allowed: model 'leaf-cnn' on inputs \(3, 1024, 1024\) has [\d,]+ parameters: .* GiB for a client"
     ):
-        config.check_model(load_settings(cfg))
-    config.check_model(load_settings({**cfg, "image-size": 28}))
+        build.check_model(load_settings(cfg))
+    build.check_model(load_settings({**cfg, "image-size": 28}))

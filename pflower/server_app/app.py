@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from pflower.build import build_strategy
+from pflower.build import build_strategy, check_model
 from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, check_data, check_held, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
@@ -50,6 +50,8 @@ def main(grid: Grid, context: Context) -> None:
         with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
             check_held(settings)
             check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
+            if not settings.node_data:  # the model the data asks for fits a client
+                check_model(settings)
             checkpoint = load_checkpoint(settings) if settings.resume_from else None
             if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
                 log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
