@@ -155,12 +155,14 @@ class Recorder:
                 log(WARNING, "%s could not be closed: %s", type(tracker).__name__, problem)
 
     def finish(self) -> None:
-        """The run ended: metrics.json says so (``complete``: a resume of it has nothing left to
-        run), the figures are drawn and the trackers closed."""
-        self.extra["complete"] = True
+        """The run ended: the figures are drawn and the trackers closed, then metrics.json says
+        so (``complete``: a resume of it has nothing left to run; a run whose figures or trackers
+        failed is not complete, and a resume with its rounds draws them)."""
         if self.dir is not None:
             self.write()
             figures = draw_run(self.document(), self.dir)
             for tracker in self.trackers:
                 tracker.finish(self.document(), figures)
+            self.extra["complete"] = True
+            self.write()
             log(INFO, "Results written to %s", self.dir)

@@ -224,3 +224,21 @@ def test_a_checkpoint_with_nan_weights_is_refused_by_the_check(tmp_path):
     torch.save(raw, first / CHECKPOINT)
     why = check(ROOT, f"resume-from='{first}' results-dir='{tmp_path / 'second'}' num-server-rounds=3 local-epochs=1 samples-per-client=60")
     assert why is not None and "holds NaN or infinite values in the server state's" in why
+
+
+def test_a_run_whose_figures_failed_is_not_complete_and_resumes_to_draw_them(tmp_path, monkeypatch):
+    """The last round done, drawing the figures fails: metrics.json does not say complete, so a
+    resume with the same rounds is allowed (and draws them); refused once they are drawn."""
+    from pflower import results
+
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    first = tmp_path / "first"
+    monkeypatch.setattr(results, "draw_run", broken)
+    with pytest.raises(OSError, match="No space left"):
+        _serve(_small(first))
+    assert "complete" not in json.loads((first / "metrics.json").read_text())
+    monkeypatch.undo()
+    again = f"resume-from='{first}' results-dir='{first}' num-server-rounds=2 local-epochs=1 samples-per-client=60"
+    assert check(ROOT, again) is None

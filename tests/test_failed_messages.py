@@ -158,3 +158,19 @@ def test_a_lost_relayed_reply_costs_only_its_round(grid_factory, tmp_path, monke
     assert all(r["rejected"] == {} for r in lost)
     strip = lambda doc: [{k: v for k, v in r.items() if k not in SCHEDULE | {"rejected", "missing"}} for r in doc]  # noqa: E731
     assert strip(lost) == strip(failed)
+
+
+def test_a_failed_message_that_changed_a_record_in_place_leaves_it_as_it_was():
+    """A handler that updates a config record of the state in place (FedeRiCo's tables) and then
+    fails: the record is as the message found it, not half changed."""
+    client_app = importlib.import_module("pflower.client_app.app")
+    context = Context(1, 5, {}, RecordDict({"tables": ConfigRecord({"neighbours": [1, 2]})}), {})
+    msg = Message(RecordDict(), dst_node_id=5, message_type=MessageType.TRAIN)
+
+    def handler(message, ctx):
+        ctx.state["tables"]["neighbours"] = [3]
+        raise RuntimeError("the step failed")
+
+    with pytest.raises(RuntimeError, match="the step failed"):
+        client_app._commit_on_success(msg, context, handler)
+    assert list(context.state["tables"]["neighbours"]) == [1, 2]

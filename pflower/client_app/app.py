@@ -12,6 +12,7 @@ model object serves every client of the process.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Mapping
@@ -99,7 +100,8 @@ def _commit_on_success(msg: Message, context: Context, call_next) -> Message:
     step) leaves ``context.state`` as the message found it, the state the server still names.
     A SuperNode keeps its context after a failed message, the simulation engine drops it: both
     then go on from the same state."""
-    before = RecordDict(dict(context.state.items()))
+    # Arrays are replaced whole, never changed in place; config and metric records may be (small: copied).
+    before = RecordDict({name: record if isinstance(record, ArrayRecord) else copy.deepcopy(record) for name, record in context.state.items()})
     try:
         reply = call_next(msg, context)
     except BaseException:
@@ -173,7 +175,7 @@ class Runtime:
         root = context.node_config.get("state-dir")
         return _store(self.settings, self.client_id, str(root) if root else None, os.getcwd())
 
-    def personal_state(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> RecordDict:
+    def personal_state(self, context: Context, lineage: str, after_round: int, state_round: int | None, in_progress: bool = True) -> RecordDict:
         """This client's state: its context's, else the saved file its context names (its state
         is on disk between messages) if that is the round the server names, else the one saved
         in ``lineage`` as round ``after_round`` left it (a resumed run, a restarted SuperNode, a
@@ -184,9 +186,10 @@ class Runtime:
         trained (an empty state: the initial model). None (a checkpoint older than the key): the
         newest saved before. A state a relay step left in the context mid-round (:data:`IN_ROUND`)
         is the state only for the rest of that round: a round left half done (a relayed reply the
-        server never got) is not, and the client starts from the round the server names.
+        server never got) is not, and the client starts from the round the server names; nor is
+        it for an evaluation (``in_progress`` False), which measures a round's end state.
         """
-        stale = IN_ROUND in context.state and int(context.state[IN_ROUND]["round"]) != after_round + 1
+        stale = IN_ROUND in context.state and (not in_progress or int(context.state[IN_ROUND]["round"]) != after_round + 1)
         if PERSONAL in context.state and not stale:
             return context.state
         if _points_to(context, state_round):
@@ -233,7 +236,9 @@ class Runtime:
         saved); ``config`` is the evaluation's: its round, and the state it names (``STATE_AFTER``:
         a context without one reads it). The context is left as it was."""
         rnd = int(config.get("server-round", 0))
-        state = self.personal_state(context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)), _state_round(config))
+        state = self.personal_state(
+            context, str(config.get("lineage", "")), int(config.get(single_message.STATE_AFTER, rnd)), _state_round(config), in_progress=False
+        )
         model = self.personal_model(state)
         trained = PERSONAL in state
         model.load_state_dict(received_state(arrays, model.state_dict()), strict=False)

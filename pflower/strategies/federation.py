@@ -446,6 +446,7 @@ class Federation:
         evaluation (:meth:`hold`) goes along; its replies go to :meth:`take_sent_held`. An
         :class:`Outbox`'s messages are built as they are sent."""
         held, self.held = self.held, None
+        started = time.monotonic()
         if isinstance(messages, Outbox):
             to = {(self.node_of[cid], messages.kind): self.client_of.get(self.node_of[cid]) for cid in messages.ids}
         else:
@@ -488,23 +489,25 @@ class Federation:
                 own.append(r)
             replies = own
             if failed:
-                down += self._evaluate_alone(grid, held, failed, timeout)
+                sent, got = self._evaluate_alone(grid, held, failed, max(1.0, timeout - (time.monotonic() - started)))
+                down, up = down + sent, up + got
             self._stop_if_a_state_is_missing(held.replies)
             answered_ev = {r.metadata.src_node_id for r in held.replies}
             held.missing = sorted({c for c in held.clients if self.node_of.get(c) not in answered_ev})
             self.sent_held = held
         return Phase(replies, down, up, missing)
 
-    def _evaluate_alone(self, grid: Grid, held: HeldEvaluation, nodes: set[int], timeout: float) -> int:
+    def _evaluate_alone(self, grid: Grid, held: HeldEvaluation, nodes: set[int], timeout: float) -> tuple[int, int]:
         """Send ``held``'s evaluation alone to ``nodes``, whose message it rode on came back as an
         error (a training that failed, a state file that could not be written): the evaluation
         did not fail, the message did, so it is owed still, as a two-phase round would have had
-        it. Its replies go into ``held``; returns the bytes sent."""
+        it; within what is left of the phase's ``timeout``. Its replies go into ``held``; returns
+        the bytes sent and received."""
         again = [Message(held.content(cid), dst_node_id=node, message_type=MessageType.EVALUATE)
                  for cid in held.clients if (node := self.node_of.get(cid)) in nodes]  # fmt: skip
-        replies = send_and_receive(grid, again, timeout, window_for(grid))
-        held.replies.extend(r for r in replies if not (r.has_error() and r.error.code in UNAVAILABLE))
-        return sum(payload_bytes(m.content) for m in again)
+        replies = [r for r in send_and_receive(grid, again, timeout, window_for(grid)) if not (r.has_error() and r.error.code in UNAVAILABLE)]
+        held.replies.extend(replies)
+        return sum(payload_bytes(m.content) for m in again), sum(payload_bytes(r.content) for r in replies if not r.has_error())
 
     @staticmethod
     def _stop_if_a_state_is_missing(replies: Iterable[Message]) -> None:
