@@ -97,7 +97,10 @@ MODEL_COPIES = 4
 def check_model(s: Settings) -> None:
     """ConfigError naming ``image-size`` (or ``model``) if the model for this data does not fit
     this machine: built on PyTorch's meta device (no memory), its parameters and buffers counted
-    (``model='leaf-cnn' image-size=1024`` asked for a 32 GiB model at the first message)."""
+    (``model='leaf-cnn' image-size=1024`` asked for a 32 GiB model at the first message). With
+    the nodes' own data the shape is theirs, known once they answer: nothing to count here."""
+    if s.node_data:
+        return
     shape = s.image_shape
     with torch.device("meta"):
         model = build_model(s, shape, s.num_classes, s.seed)

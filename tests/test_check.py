@@ -242,3 +242,9 @@ def test_a_run_whose_figures_failed_is_not_complete_and_resumes_to_draw_them(tmp
     monkeypatch.undo()
     again = f"resume-from='{first}' results-dir='{first}' num-server-rounds=2 local-epochs=1 samples-per-client=60"
     assert check(ROOT, again) is None
+
+
+def test_the_check_of_a_run_on_the_nodes_own_data_passes_without_a_shape(tmp_path):
+    """dataset='node': the shape is the nodes' (known once they answer), so pflower-check counts
+    no model (it raised a traceback asking for the image shape)."""
+    assert check(ROOT, f"dataset='node' results-dir='{tmp_path / 'out'}'") is None

@@ -50,8 +50,7 @@ def main(grid: Grid, context: Context) -> None:
         with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
             check_held(settings)
             check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
-            if not settings.node_data:  # the model the data asks for fits a client
-                check_model(settings)
+            check_model(settings)  # the model the data asks for fits a client
             checkpoint = load_checkpoint(settings) if settings.resume_from else None
             if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
                 log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
