@@ -98,7 +98,7 @@ def client_work(app: str, data_dir: Path) -> dict[str, float]:
         import pflower.client_app  # noqa: F401  what flwr-clientapp loads
         from pflower.build import build_model
         from pflower.config import load_settings
-        from pflower.datasets import client_data
+        from pflower.datasets.federated import client_data
         from pflower.training import evaluate, train
 
         t1 = time.perf_counter()

@@ -34,7 +34,7 @@ from pflower.bench import Run, load_record, load_suite, machine, machine_counts,
 from pflower.build import build_model
 from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
-from pflower.datasets import client_data
+from pflower.datasets.federated import client_data
 from pflower.models.layers import norm_keys
 from pflower.records import from_record
 from pflower.results import write_json

@@ -39,7 +39,7 @@ from fedbn_shift import own_and_averaged  # bench/, beside this script
 from pflower.build import build_model
 from pflower.client_app.store import decode, newest_saved
 from pflower.config import load_settings
-from pflower.datasets import client_data, federated_indices, global_test
+from pflower.datasets.federated import client_data, federated_indices, global_test
 from pflower.fetch import data_root
 from pflower.models.layers import layers
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared

@@ -217,7 +217,7 @@ def run(row: str, cfg: dict, num_clients: int = 10) -> list[float]:
 
     import pflower.methods as methods
     from pflower.build import build_strategy
-    from pflower.client_app import app
+    from pflower.client_app.app import app
     from pflower.config import load_settings
 
     declaration = type(methods.get("pfedla"))

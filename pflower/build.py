@@ -14,6 +14,10 @@ import torch
 from torch import nn
 
 from pflower.config import MODEL_MIN_SIZE, ConfigError, Settings, machine_memory, size_text
+from pflower.datasets import federated
+from pflower.datasets.folder import FolderError
+from pflower.datasets.partition import PartitionError
+from pflower.datasets.sources import DataError
 from pflower.methods import get
 from pflower.models import CNN, CNN2, MLP, LeafCNN, LeNet, TwoCNN
 
@@ -92,6 +96,20 @@ def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None
 #: Copies of the model a client holds at once in float32: its weights, their gradients, the
 #: state it saves and the arrays it receives.
 MODEL_COPIES = 4
+
+
+def check_data(s: Settings, num_clients: int | None = None) -> None:
+    """ConfigError naming ``data-dir`` (or ``partition``) if the data is not what every client
+    will need (:func:`pflower.datasets.federated.check_data`);
+    nothing for the nodes' own data."""
+    if s.node_data:
+        return
+    try:
+        federated.check_data(s, num_clients)
+    except PartitionError as err:  # named for its key: the partition, or the key it is about
+        raise ConfigError([(err.key, s.to_run_config().get(err.key, s.partition), str(err))]) from None
+    except (DataError, FolderError, OSError) as err:
+        raise ConfigError([("data-dir", s.data_dir, str(err))]) from None
 
 
 def check_model(s: Settings) -> None:

@@ -66,10 +66,10 @@ def is_pflower_app(app: Path) -> bool:
 
 def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str | None:
     """Why the run config of ``app`` with ``overrides`` would be refused, or None: its keys, the
-    results-dir, then its data opened as every client will (:func:`pflower.config.check_data`; with
+    results-dir, then its data opened as every client will (:func:`pflower.build.check_data`; with
     ``num_clients``, their partition too)."""
-    from pflower.build import check_model
-    from pflower.config import ConfigError, check_data, check_server, load_settings
+    from pflower.build import check_data, check_model
+    from pflower.config import ConfigError, check_server, load_settings
 
     if (dropped := unread(overrides)) is not None:
         return f"run config {overrides!r}: {dropped!r} is not a key=value pair (no spaces around '='; quote a value with spaces), and flwr run would drop it"

@@ -665,25 +665,6 @@ def check_held(s: Settings) -> None:
                             f"{go_on}replace it with overwrite=true")])  # fmt: skip
 
 
-def check_data(s: Settings, num_clients: int | None = None) -> None:
-    """ConfigError naming ``data-dir`` (or ``partition``) if the data is not what every client
-    will need (:func:`pflower.datasets.federated.check_data`; it imports torch, so only here);
-    nothing for the nodes' own data."""
-    if s.node_data:
-        return
-    from pflower.datasets import federated
-    from pflower.datasets.folder import FolderError
-    from pflower.datasets.partition import PartitionError
-    from pflower.datasets.sources import DataError
-
-    try:
-        federated.check_data(s, num_clients)
-    except PartitionError as err:  # named for its key: the partition, or the key it is about
-        raise ConfigError([(err.key, s.to_run_config().get(err.key, s.partition), str(err))]) from None
-    except (DataError, FolderError, OSError) as err:
-        raise ConfigError([("data-dir", s.data_dir, str(err))]) from None
-
-
 def known_keys() -> list[str]:
     """Every run-config key: the shared ones and ``<method>.<key>`` of every method."""
     shared = [f.alias or n for n, f in Settings.model_fields.items() if n != "params"]

@@ -204,7 +204,7 @@ def faulty_app(directory: Path, fault: str, partition: int = 0) -> Path:
     source = source.replace('FAULT = "nan"', f"FAULT = {fault!r}").replace("FAULTY_PARTITION = 0", f"FAULTY_PARTITION = {partition}")
     (directory / "faulty_client.py").write_text(source)
     project = (ROOT / "pyproject.toml").read_text()
-    project = project.replace('clientapp = "pflower.client_app:app"', 'clientapp = "faulty_client:app"')
+    project = project.replace('clientapp = "pflower.client_app.app:app"', 'clientapp = "faulty_client:app"')
     project = project.replace('fab-include = ["pflower/**/*.py"]', 'fab-include = ["faulty_client.py"]')
     project = re.sub(r"^fab-exclude = \[[^]]*\]\n", "", project, flags=re.M)  # its patterns would match no file here
     (directory / "pyproject.toml").write_text(project)
@@ -252,7 +252,7 @@ def no_figures(monkeypatch):
 
 @pytest.fixture
 def grid_factory():
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     def make(cfg: dict, num_clients: int, **kw) -> InProcessGrid:
         return InProcessGrid(app, cfg, num_clients, **kw)
@@ -281,7 +281,7 @@ def in_process_rounds(cfg: dict, results: Path, num_clients: int = 3) -> list[di
     import json
 
     from pflower.build import build_strategy
-    from pflower.client_app import app
+    from pflower.client_app.app import app
     from pflower.config import load_settings
     from pflower.results import outcome
 

@@ -15,7 +15,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from pflower.client_app import app as pflower_app
+from pflower.client_app.app import app as pflower_app
 from pflower.records import from_record, to_record
 
 FAULT = "nan"  # nan | drop | wrong-shape | hang (from round 3 on, until results-dir/release exists)

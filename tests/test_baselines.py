@@ -11,7 +11,7 @@ from torch import nn
 
 from pflower.build import client_method
 from pflower.config import load_settings
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models.mixing import MixedModel, with_alpha
 
 torch.manual_seed(0)

@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 
 from pflower.build import build_model, build_strategy
 from pflower.checkpoint import load_checkpoint
-from pflower.client_app import app as client_app
+from pflower.client_app.app import app as client_app
 from pflower.config import ConfigError, load_settings
 from pflower.records import from_record, payload_bytes, to_record
 from pflower.strategies.cfl import ClusteredFL, cosine_similarities, optimal_bipartition, split_check

@@ -63,7 +63,7 @@ def _serve(cfg: dict) -> None:
     from conftest import InProcessGrid
     from flwr.app import Context, RecordDict
 
-    from pflower.client_app import app as client_app
+    from pflower.client_app.app import app as client_app
     from pflower.server_app import app as server_app
 
     server_app._main(InProcessGrid(client_app, cfg, 3), Context(1, 0, {}, RecordDict(), cfg))
@@ -168,7 +168,8 @@ def test_a_number_of_clients_below_one_is_refused_by_its_option(n, capsys):
 def test_the_data_check_leaves_no_pool_in_the_servers_memory():
     """The ServerApp checks the data but trains on none of it: the pool the check loaded was
     kept in its process for the whole run (CIFAR-10: 737 MB); a pool already loaded stays."""
-    from pflower.config import check_data, load_settings
+    from pflower.build import check_data
+    from pflower.config import load_settings
     from pflower.datasets import federated
 
     federated._pool.cache_clear()

@@ -10,10 +10,10 @@ import torch
 from conftest import ROOT, run_config
 
 from pflower import launcher, training
-from pflower.build import build_strategy
+from pflower.build import build_strategy, check_data
 from pflower.check import check
-from pflower.config import ConfigError, check_data, load_settings
-from pflower.datasets import Split, client_data, federated_indices
+from pflower.config import ConfigError, load_settings
+from pflower.datasets.federated import Split, client_data, federated_indices
 from pflower.records import from_record
 
 N = 4

@@ -10,7 +10,7 @@ from flwr.app import MessageType
 from pflower.build import build_model, build_strategy, client_method
 from pflower.client_app.app import PERSONAL
 from pflower.config import ConfigError, load_settings
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models import DoubleHead, communicable_keys, keys_under, layers
 from pflower.models.doublehead import combine, predict
 from pflower.plots import compare_main

@@ -27,7 +27,7 @@ FAULTY, ROUND = 1, 2
 
 
 def _rows(tmp_path, cfg: dict, single: bool, simulation: bool) -> list[dict]:
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     results = tmp_path / f"{single}-{simulation}"
     cfg = {**cfg, "single-message": single, "results-dir": str(results)}
@@ -99,7 +99,7 @@ def test_a_failed_relay_step_costs_only_its_round_on_either_engine(tmp_path, mon
 def test_a_message_whose_save_fails_leaves_the_context_as_it_found_it(tmp_path, monkeypatch):
     """The client's context after a training message whose state file cannot be written holds
     exactly what it held before (the pointer to round 1's file), not the unsaved model."""
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     _full_disk(monkeypatch)
     cfg = {**_config("fedavg"), "results-dir": str(tmp_path)}

@@ -9,7 +9,7 @@ import torch
 from conftest import in_process_rounds, run_config
 
 from pflower.config import ConfigError, load_settings
-from pflower.datasets import client_data, client_domain, federated_indices, global_test, label_counts
+from pflower.datasets.federated import client_data, client_domain, federated_indices, global_test, label_counts
 from pflower.datasets.shift import KINDS, Domain, domain_of
 
 X = torch.randn(6, 3, 12, 12, generator=torch.Generator().manual_seed(0))

@@ -19,11 +19,11 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.build import build_model, build_strategy, client_method
-from pflower.client_app import app as client_app
 from pflower.client_app.app import PERSONAL
+from pflower.client_app.app import app as client_app
 from pflower.client_app.fedem import responsibilities, sample_losses, weighted_cross_entropy
 from pflower.config import ConfigError, load_settings
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.methods.fedem import PI_METRIC
 from pflower.models.mixture import PI, Mixture
 from pflower.records import from_record, payload_bytes, to_record

@@ -12,7 +12,7 @@ from torch import nn
 from pflower.build import build_strategy
 from pflower.client_app.federico import Mixture, choose_neighbours, collaboration_weights, e_step_loss, track
 from pflower.config import load_settings
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.overlay import View
 from pflower.records import from_record, to_record
 from pflower.strategies.federico import RELAY, FedericoRelay
@@ -194,7 +194,7 @@ def test_relay_holds_no_model_and_clients_get_only_the_models_they_chose(grid_fa
 def test_a_client_unlike_everyone_keeps_most_weight_on_itself(grid_factory, tmp_path):
     # 5 clients in 3 disjoint label groups: two pairs and one client alone with its labels.
     cfg = load_settings(run_config(partition="label-groups", label_groups=3))
-    from pflower.datasets import federated_indices
+    from pflower.datasets.federated import federated_indices
 
     groups = federated_indices(cfg, 5).groups
     alone = [i for i in range(5) if (groups == groups[i]).sum() == 1]

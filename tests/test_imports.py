@@ -53,30 +53,23 @@ def module_files(root: Path) -> dict[str, Path]:
     return {".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f for f in sorted((root / "pflower").rglob("*.py"))}
 
 
-def _type_checking(test: ast.expr) -> bool:
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-
-
 def imported_names(tree: ast.Module, package: str, modules: Iterable[str]) -> set[str]:
-    """What the code imports, at any depth (functions, methods, ``try``), as dotted names; ``if
-    TYPE_CHECKING:`` blocks left out (they never run). ``from a import b`` is ``a.b`` where that is
-    one of ``modules``, else ``a``; relative imports are resolved against ``package``."""
+    """What the code imports, at any depth (functions, methods, ``try``, ``if TYPE_CHECKING:``: a
+    cycle a type checker or a reader follows is a cycle too), as dotted names. ``from a import b``
+    is ``a.b`` where that is one of ``modules``, else ``a``; relative imports are resolved against
+    ``package``."""
     names: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking(node.test):
-            nodes = node.orelse
-        else:
-            nodes = list(ast.iter_child_nodes(node))
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(parts + ([node.module] if node.module else []))
-                names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
-        for child in nodes:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+        for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
@@ -129,7 +122,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_graph_sees_imports_in_functions_relative_ones_and_the_packages_they_run(tmp_path):
+def test_the_graph_sees_imports_in_functions_type_checking_blocks_relative_ones_and_the_packages_they_run(tmp_path):
     files = {
         "pflower/__init__.py": "",
         "pflower/low.py": "def f():\n    from pflower.high.leaf import g\n",
@@ -145,17 +138,18 @@ def test_the_graph_sees_imports_in_functions_relative_ones_and_the_packages_they
         "pflower": set(),
         "pflower.low": {"pflower.high", "pflower.high.leaf"},  # in a function; the package runs first
         "pflower.high": {"pflower.high.leaf"},
-        "pflower.high.leaf": {"pflower.other"},  # TYPE_CHECKING left out; its own package not an edge
+        "pflower.high.leaf": {"pflower.low", "pflower.other"},  # TYPE_CHECKING counts; its own package is no edge
         "pflower.other": {"pflower.low"},
     }
-    assert find_cycle(graph) == ["pflower.high", "pflower.high.leaf", "pflower.other", "pflower.low", "pflower.high"]
-    assert find_cycle({**graph, "pflower.other": set()}) is None
+    assert find_cycle(graph) == ["pflower.high", "pflower.high.leaf", "pflower.low", "pflower.high"]
+    assert find_cycle({**graph, "pflower.high.leaf": {"pflower.other"}}) == ["pflower.high", "pflower.high.leaf", "pflower.other", "pflower.low", "pflower.high"]
+    assert find_cycle({**graph, "pflower.low": set()}) is None
 
 
 def test_no_import_cycle_among_pflowers_modules_counting_imports_in_functions():
     """The layers read bottom up: registry (pflower.methods), configuration, models and data, the
     build of a run's objects (pflower.build), the apps, the tools; nothing imports upwards, not
-    even inside a function."""
+    even inside a function or for a type annotation."""
     graph = import_graph()
     assert len(graph) > 60 and "pflower.config" in graph["pflower.build"]
     cycle = find_cycle(graph)

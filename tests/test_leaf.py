@@ -10,8 +10,8 @@ from conftest import in_process_rounds, run_config
 from data_files import PLAY, write_femnist, write_shakespeare
 from torch import nn
 
-from pflower.build import build_model
-from pflower.config import ConfigError, check_data, load_settings
+from pflower.build import build_model, check_data
+from pflower.config import ConfigError, load_settings
 from pflower.datasets import partition as P
 from pflower.datasets.federated import client_data, client_domain, federated_indices, pool_for
 from pflower.datasets.huggingface import encode_text, text_codes

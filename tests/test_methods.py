@@ -277,7 +277,7 @@ def test_every_method_trains_local_steps_instead_of_epochs(monkeypatch, grid_fac
 
 def test_adam_is_a_choice_of_the_one_training_loop():
     settings = load_settings(run_config())
-    from pflower.datasets import Split
+    from pflower.datasets.federated import Split
 
     data = Split(torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,)))
     results = {}
@@ -296,7 +296,7 @@ def test_evaluation_protocol_as_received_or_fine_tuned(grid_factory, tmp_path, m
     epochs (``finetune-epochs``; ``fedavg-ft``: 1) of plain local training on its training split,
     seeded apart from its training; the evaluation leaves its personal state as it was."""
     from pflower.client_app.app import runtime
-    from pflower.datasets import client_data
+    from pflower.datasets.federated import client_data
 
     settings, strategy, grid = _setup(grid_factory, tmp_path, method=method, finetune_epochs=finetune)
     _, replies = _train_round(strategy, grid)

@@ -88,7 +88,7 @@ def test_nodes_with_their_own_data_train_and_a_node_of_another_size_is_refused(t
     ServerApp builds a 10-class model from what the nodes say and the run finishes."""
     from flwr.app import Context, RecordDict
 
-    from pflower.client_app import app as client_app
+    from pflower.client_app.app import app as client_app
     from pflower.server_app import app as server_app
 
     monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from pflower.config import load_settings
-from pflower.datasets import PartitionError, client_data, federated_indices, global_test
 from pflower.datasets import partition as P
+from pflower.datasets.federated import client_data, federated_indices, global_test
+from pflower.datasets.partition import PartitionError
 
 LABELS = np.repeat(np.arange(10), 300)  # 3,000 samples, 10 balanced classes
 np.random.default_rng(0).shuffle(LABELS)

@@ -301,7 +301,7 @@ def test_heurpfedla_reference_is_what_the_client_started_from(grid_factory, tmp_
 def _evaluate_locally(cfg, cid, num_clients, state):
     """A client's test metrics for a model state, computed outside Flower."""
     from pflower.build import build_model
-    from pflower.datasets import client_data
+    from pflower.datasets.federated import client_data
     from pflower.training import evaluate
 
     s = load_settings(cfg)

@@ -40,7 +40,7 @@ FACTOR = 2.0  # max-examples-factor's default
 @cache
 def _setup(name: str):
     """A connected strategy and each client's genuine round-1 training and evaluation replies."""
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     cfg = {**run_config(method=name, local_epochs=1, samples_per_client=60, results_dir="/tmp/pflower-reply-metrics"), **declarations()[name].example}
     strategy = build_strategy(load_settings(cfg))

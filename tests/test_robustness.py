@@ -56,7 +56,7 @@ def _round_one(name: str):
     method = extra.pop("method", name)
     cfg = {**run_config(method=method, local_epochs=1, max_update_norm=MAX_NORM, results_dir="/tmp/pflower-robustness"), **extra}
     strategy = build_strategy(load_settings(cfg))
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     grid = InProcessGrid(app, cfg, N)
     strategy.connect(grid, timeout=5)
@@ -342,7 +342,7 @@ def test_an_identity_beyond_the_federation_is_refused(tmp_path, method, change):
     """A node that says it is client 7 of 3, or one of 2**40 clients: refused at identity (the
     server keeps state per client and never sizes it from such a reply); the others run."""
     cfg = run_config(method=method, num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     strategy = build_strategy(load_settings(cfg))
     strategy.connect(InProcessGrid(app, cfg, 3, tamper=_identity_tamper(2, change)), timeout=1)
@@ -356,7 +356,7 @@ def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, c
     discovery ends with the others (it waited out the timeout for clients that do not exist, then
     sized FedFomo's per-client state from that reply). A node saying 4 where 4 nodes are (one
     joined a federation of 3) is kept: test_deployment.py."""
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     cfg = run_config(method="fedfomo", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
@@ -370,7 +370,7 @@ def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, c
 def test_label_counts_of_another_length_leave_the_client_out_of_the_figure(tmp_path, grid_factory):
     """One client's label counts with a class too many: the run ends with its figures; the
     partition figure and metrics.json have the others' counts."""
-    from pflower.client_app import app
+    from pflower.client_app.app import app
 
     cfg = run_config(method="fedavg", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
@@ -386,7 +386,7 @@ def test_a_failed_round_keeps_the_evaluation_that_came_back_with_it(tmp_path, gr
     rode on round 2's messages and came back valid, is in round 1's row."""
     import json
 
-    from pflower.client_app import app
+    from pflower.client_app.app import app
     from pflower.strategies.loop import RoundFailedError
 
     def nan_in_round_2(partition: int, reply: Message) -> Message:

@@ -13,11 +13,11 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.build import build_model, build_strategy, client_method
-from pflower.client_app import app as client_app
 from pflower.client_app.app import PERSONAL
+from pflower.client_app.app import app as client_app
 from pflower.client_app.scaffold import step_sum
 from pflower.config import ConfigError, load_settings
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models.controls import C_CLIENT, C_SERVER, DELTA_C, controls, with_controls
 from pflower.records import from_record, payload_bytes, to_record
 from pflower.strategies.scaffold import Scaffold

@@ -11,7 +11,7 @@ from pflower.build import build_model, build_strategy
 from pflower.client_app.base import ClientMethod
 from pflower.client_app.superfed import VALIDATION_FRACTION, SuperFedClient, choose_lambda, holdout
 from pflower.config import load_settings
-from pflower.datasets import client_data
+from pflower.datasets.federated import client_data
 from pflower.datasets.partition import noisy_labels
 from pflower.methods.superfed import POOLED_KEY
 from pflower.models.mixing import LAMBDA_GRID, cosine_squared

@@ -16,7 +16,7 @@ def _serve(cfg: dict, results) -> None:
     """The ServerApp's main with 3 in-process clients, results in ``results``."""
     from flwr.app import Context, RecordDict
 
-    from pflower.client_app import app as client_app
+    from pflower.client_app.app import app as client_app
     from pflower.server_app import app as server_app
 
     cfg = {**cfg, "results-dir": str(results)}

@@ -6,8 +6,9 @@ import pytest
 from conftest import run_config
 
 from pflower.config import ConfigError, load_settings
-from pflower.datasets import PartitionError, federated_indices
 from pflower.datasets import partition as P
+from pflower.datasets.federated import federated_indices
+from pflower.datasets.partition import PartitionError
 
 LABELS = np.repeat(np.arange(10), 60)  # 600 samples, 10 balanced classes, shuffled
 np.random.default_rng(1).shuffle(LABELS)

@@ -1,5 +1,1 @@
-"""Client side: the ClientApp and one module per method."""
-
-from pflower.client_app.app import app
-
-__all__ = ["app"]
+"""Client side: the ClientApp (:mod:`pflower.client_app.app`) and one module per method."""

@@ -17,7 +17,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pflower.client_app.base import PERSONAL, ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models import keys_under
 from pflower.models.mixing import AtLambda, MixedModel
 from pflower.records import from_record

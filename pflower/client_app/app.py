@@ -35,7 +35,7 @@ from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import SAVED, StateError, StateStore, keep_on_disk
 from pflower.config import Settings, load_settings
-from pflower.datasets import Split, client_data, client_domain, global_test, label_counts, pool_for
+from pflower.datasets.federated import Split, client_data, client_domain, global_test, label_counts, pool_for
 from pflower.datasets.folder import FolderError
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, NodeData, load_node_data
 from pflower.datasets.partition import PartitionError

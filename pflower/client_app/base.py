@@ -10,7 +10,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.config import Settings
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models import communicable_keys
 from pflower.training import LossFn, cross_entropy, evaluate, train
 

@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models import keys_under
 from pflower.models.mixing import AtLambda, MixedModel
 

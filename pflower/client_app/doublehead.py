@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models import DoubleHead, keys_under
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.methods.fedem import PI_METRIC
 from pflower.models import communicable_keys
 from pflower.models.mixture import COMPONENTS, Mixture

@@ -32,7 +32,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.methods.federico import GOSSIP, GOSSIP_REPLY, MODEL, PLAN, REQUESTS, gossip_from, gossip_reply, model_of, update_for, update_from
 from pflower.overlay import View
 from pflower.records import from_record, received_state, to_record

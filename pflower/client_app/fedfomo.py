@@ -15,7 +15,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split, holdout
+from pflower.datasets.federated import Split, holdout
 from pflower.methods.fedfomo import IDS, PEER_PREFIX, WEIGHTS
 from pflower.models import layers
 from pflower.records import received_state

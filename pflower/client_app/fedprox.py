@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 
 
 class FedProxClient(ClientMethod):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from pflower.client_app.fedper import FedPerClient
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 
 
 class FedRepClient(FedPerClient):

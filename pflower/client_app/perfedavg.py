@@ -27,7 +27,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.training import evaluate, train
 
 

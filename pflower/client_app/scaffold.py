@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split
+from pflower.datasets.federated import Split
 from pflower.models import communicable_keys
 from pflower.models.controls import C_CLIENT, C_SERVER, DELTA_C, controls
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
-from pflower.datasets import Split, holdout
+from pflower.datasets.federated import Split, holdout
 from pflower.methods.superfed import POOLED_KEY
 from pflower.models import keys_under
 from pflower.models.mixing import LAMBDA_GRID, MixedModel, cosine_squared

@@ -1,19 +1,3 @@
-"""Data: sources (local files only), partitions, and each client's train/test split."""
-
-from pflower.datasets.federated import Split, client_data, client_domain, federated_indices, global_test, holdout, label_counts, pool_for
-from pflower.datasets.partition import PartitionError
-from pflower.datasets.sources import DataError, Pool
-
-__all__ = [
-    "DataError",
-    "PartitionError",
-    "Pool",
-    "Split",
-    "client_data",
-    "client_domain",
-    "federated_indices",
-    "global_test",
-    "holdout",
-    "label_counts",
-    "pool_for",
-]
+"""Data: sources (local files only), partitions, and each client's train/test split
+(:mod:`pflower.datasets.federated`). The package imports nothing itself: the configuration reads
+data folders with its modules, and the federation's split reads the configuration."""

@@ -10,9 +10,9 @@ from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from pflower.build import build_strategy, check_model
+from pflower.build import build_strategy, check_data, check_model
 from pflower.checkpoint import load_checkpoint
-from pflower.config import ConfigError, check_data, check_held, check_server, load_settings
+from pflower.config import ConfigError, check_held, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
 from pflower.run_folder import FolderBusyError, claimed, clear_run

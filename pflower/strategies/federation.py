@@ -21,12 +21,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -37,6 +37,7 @@ from pflower.datasets.shift import DOMAIN
 from pflower.records import payload_bytes
 from pflower.state_round import STATE_ROUND, MissingStateError, missing_state
 from pflower.strategies.held import HeldEvaluation
+from pflower.strategies.outbox import Outbox
 from pflower.strategies.validation import Rejected, check_reply
 
 #: Error codes with which Flower answers for a node that is gone: the client is missing, not faulty.
@@ -116,32 +117,6 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float, wi
             break
         time.sleep(min(max(POLL_FIRST, POLL_SHARE * elapsed), longest, timeout - elapsed))
     return replies
-
-
-@dataclass
-class Outbox:
-    """One message of type ``kind`` per client of ``ids``, each built when it is iterated (its
-    arrays looked up in ``arrays`` then): a phase that sends an outbox holds the messages in
-    flight, not one per client. ``pins``: each client's ``state-round`` entry, fixed when the
-    outbox was made (:meth:`Federation.pin`)."""
-
-    ids: list[int]
-    kind: str
-    arrays: Mapping[int, ArrayRecord]
-    config: dict
-    node_of: Mapping[int, int]
-    pins: dict[int, dict[str, int]]
-    extras: Mapping[int, Mapping] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __iter__(self) -> Iterator[Message]:
-        return (self.message(cid) for cid in self.ids)
-
-    def message(self, cid: int) -> Message:
-        content = RecordDict({"arrays": self.arrays[cid], "config": ConfigRecord({**self.config, **self.pins[cid]}), **self.extras.get(cid, {})})
-        return Message(content, dst_node_id=self.node_of[cid], message_type=self.kind)
 
 
 class NoClientsError(RuntimeError):

@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from pflower.state_round import STATE_ROUND
 
 if TYPE_CHECKING:
-    from pflower.strategies.federation import Outbox
+    from pflower.strategies.outbox import Outbox
 
 
 @dataclass

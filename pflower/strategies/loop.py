@@ -39,9 +39,10 @@ from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import RAY_NODES, Recorder
 from pflower.single_message import STATE_AFTER
-from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Outbox, Phase
+from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
 from pflower.strategies.gate import ReplyGate
 from pflower.strategies.held import HeldEvaluation
+from pflower.strategies.outbox import Outbox
 from pflower.strategies.validation import ArraySpec, Reply
 from pflower.tracking import open_trackers
 
