@@ -13,6 +13,6 @@ echo "Setting up $VENV (torch comes from the local wheel cache; about 2 minutes)
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # pip's local-index warnings are noise here; its exit status still counts (pipefail).
 "$VENV/bin/python" -m pip install --quiet -e ".[test,docs]" 2>&1 | { grep -v "^WARNING: Location" >&2 || true; }
-"$VENV/bin/python" -c "import flwr, torch, pflower.server_app, pflower.client_app" \
+"$VENV/bin/python" -c "import flwr, torch, pflower.server_app, pflower.client_app.app" \
   || { echo "setup failed: pflower does not import" >&2; exit 1; }
 echo "$WANT" > "$STAMP"
