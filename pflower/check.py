@@ -40,6 +40,21 @@ def unread(overrides: str) -> str | None:
     return " ".join(left) if left and not overrides.strip().endswith(".toml") else None
 
 
+def unparsable(overrides: str) -> str | None:
+    """Which ``key=value`` pair of ``overrides`` Flower's parser cannot read (its TOML: a bare
+    word, ``.5``, a quote left open) or which key it is given twice, or None."""
+    seen: set[str] = set()
+    for key, value in PAIR.findall(overrides):
+        try:
+            tomllib.loads(f"{key} = {value}")
+        except tomllib.TOMLDecodeError:
+            return f"{key}={value} is no TOML value (a string needs quotes: key='text'; a number digits both sides of '.': 0.5)"
+        if key in seen:
+            return f"{key} is given twice"
+        seen.add(key)
+    return None
+
+
 def at_least_one(what: str) -> Callable[[str], int]:
     """An argparse type: a whole number of at least 1, else ArgumentTypeError naming ``what``."""
 
@@ -73,6 +88,8 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
 
     if (dropped := unread(overrides)) is not None:
         return f"run config {overrides!r}: {dropped!r} is not a key=value pair (no spaces around '='; quote a value with spaces), and flwr run would drop it"
+    if (bad := unparsable(overrides)) is not None and not overrides.strip().endswith(".toml"):
+        return f"run config {overrides!r}: {bad}, and flwr run would refuse it"
     try:
         run_config = app_run_config(app, overrides)
     except Exception as err:  # noqa: BLE001 - an unparsable -c string: Flower's own message

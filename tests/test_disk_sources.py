@@ -224,7 +224,7 @@ def test_a_cifar_batch_that_would_run_code_is_refused_before_anything_runs(tmp_p
 @pytest.mark.parametrize(
     "entry,message",
     [
-        ({"data": np.zeros((4, 3072), np.uint8), "fine_labels": [1, 2, 3]}, r"4 images but 'fine_labels' holds int64 \[3\]"),
+        ({"data": np.zeros((4, 3072), np.uint8), "fine_labels": [1, 2, 3]}, r"4 images but 'fine_labels' holds 3 labels"),
         ({"data": np.zeros((4, 32, 32, 3), np.uint8), "fine_labels": [1, 2, 3, 4]}, r"'data' is uint8 \[4, 32, 32, 3\]; CIFAR's batches hold uint8 rows"),
         ({"data": np.zeros((4, 3072), np.float32), "fine_labels": [1, 2, 3, 4]}, r"'data' is float32"),
         (7, "has no 'data' and 'fine_labels'"),

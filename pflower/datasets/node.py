@@ -92,7 +92,7 @@ def _load(data_dir: str, fmt: str, image_size: int, test_fraction: float, seed: 
     else:
         from pflower.datasets.sources import load_idx_family
 
-        pool = load_idx_family(fmt, root, relabel=False)
+        pool = load_idx_family(fmt, root)
         values, local = np.unique(pool.y.numpy(), return_inverse=True)
         x, y, names, test = pool.x, torch.from_numpy(local), tuple(str(v) for v in values), None
     if test is None:  # no test files: a stratified share of its data
@@ -149,7 +149,7 @@ def write_node_folders(source: Path, out: Path, groups: Sequence[Sequence[str]],
     from pflower.datasets.folder import FolderError, is_image_folder, load_folder
     from pflower.datasets.sources import _idx_pairs, read_idx
 
-    if pairs := _idx_pairs(source, ""):
+    if pairs := _idx_pairs(source, "mnist") or _idx_pairs(source, "emnist"):
         x = np.concatenate([read_idx(img) for img, _ in pairs])[:, None]
         labels = np.concatenate([read_idx(lbl) for _, lbl in pairs])
         values = np.unique(labels)

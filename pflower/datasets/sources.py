@@ -121,39 +121,49 @@ def read_idx(path: Path) -> np.ndarray:
 IDX_CLASSES = {"mnist": 10, "fashion-mnist": 10, "emnist": 47}
 
 
-def _idx_pairs(root: Path, prefix: str) -> list[tuple[Path, Path]]:
-    """(images, labels) file pairs in ``root`` whose names start with ``prefix`` and end in
-    ``images-idx3-ubyte`` or ``images-idx3-ubyte.gz``: a copy beside them (``.bak``, ``.orig``)
-    and a hidden file (macOS's ``._*``) are not read. A name that is not a regular file (a FIFO,
-    a folder) is refused: opening a FIFO would wait forever."""
+#: The IDX files a family's folder holds, by split stem (the publishers' names), in the order
+#: they are pooled (by name, as published runs pooled them).
+IDX_STEMS = {"mnist": ("t10k", "train"), "fashion-mnist": ("t10k", "train"), "emnist": ("emnist-balanced-test", "emnist-balanced-train")}
+
+
+def _idx_file(root: Path, name: str) -> Path | None:
+    """``root/name``, or its ``.gz``, as it exists (the unzipped one where torchvision keeps
+    both: the same data, read once); a name that is not a regular file (a FIFO, a folder) is
+    refused: opening a FIFO would wait forever."""
+    for path in (root / name, root / f"{name}.gz"):
+        if path.is_file():
+            return path
+        if path.exists():
+            raise DataError(f"{path} is not a regular file (a FIFO, a folder or a device): IDX data must be a file")
+    return None
+
+
+def _idx_pairs(root: Path, name: str) -> list[tuple[Path, Path]]:
+    """(images, labels) file pairs of the family's splits in ``root``, by their own names only
+    (:data:`IDX_STEMS`, raw or gzipped, each file of a pair either way): a copy beside them
+    (``.bak``, ``old-train-...``, another family's files) is never pooled."""
     pairs = []
-    images = sorted(p for p in root.glob(f"{prefix}*images-idx3-ubyte*") if not p.name.startswith(".") and p.name.endswith(("-ubyte", "-ubyte.gz")))
-    for img in images:
-        if img.suffix == ".gz" and img.with_suffix("") in images:
-            continue  # torchvision keeps both: the same images, read once (unzipped)
-        lbl = img.with_name(img.name.replace("images-idx3", "labels-idx1"))
-        other = lbl.with_suffix("") if lbl.suffix == ".gz" else lbl.with_name(lbl.name + ".gz")
-        if not lbl.exists() and other.is_file():  # gzipped images with raw labels, or the other way round
-            lbl = other
-        for path in (img, lbl):
-            if path.exists() and not path.is_file():
-                raise DataError(f"{path} is not a regular file (a FIFO, a folder or a device): IDX data must be a file")
-        if not lbl.is_file():
-            raise DataError(f"{img} has no matching labels file {lbl.name} in {root}")
-        pairs.append((img, lbl))
+    for stem in IDX_STEMS[name]:
+        img, lbl = _idx_file(root, f"{stem}-images-idx3-ubyte"), _idx_file(root, f"{stem}-labels-idx1-ubyte")
+        if img and not lbl:
+            raise DataError(f"{img} has no matching labels file {stem}-labels-idx1-ubyte{img.suffix if img.suffix == '.gz' else ''} in {root}")
+        if lbl and not img:
+            raise DataError(f"{lbl} has no matching images file {stem}-images-idx3-ubyte{lbl.suffix if lbl.suffix == '.gz' else ''} in {root}")
+        if img and lbl:
+            pairs.append((img, lbl))
     return pairs
 
 
-def load_idx_family(name: str, root: Path, relabel: bool = True) -> Pool:
-    """MNIST, Fashion-MNIST or EMNIST (balanced split) from IDX files in ``root``; ``relabel``:
-    number the labels present 0..k-1 (else keep the files' label values)."""
-    prefix = "emnist-balanced-" if name == "emnist" else ""
-    pairs = _idx_pairs(root, prefix)
+def load_idx_family(name: str, root: Path) -> Pool:
+    """MNIST, Fashion-MNIST or EMNIST (balanced split) from IDX files in ``root``; labels as the
+    files hold them, within the family's classes (:data:`IDX_CLASSES`): a subset lacking a class
+    keeps its digits' numbers."""
+    pairs = _idx_pairs(root, name)
     if not pairs:
+        test, first = IDX_STEMS[name]
         raise DataError(
-            f"no IDX files for {name} in {root}: expected e.g. "
-            f"{prefix}train-images-idx3-ubyte.gz with {prefix}train-labels-idx1-ubyte.gz "
-            f"(or the t10k-* test files)"
+            f"no IDX files for {name} in {root}: expected {first}-images-idx3-ubyte.gz with {first}-labels-idx1-ubyte.gz "
+            f"(or the {test}-* test files; raw or gzipped)"
         )
     xs, ys = [], []
     for img, lbl in pairs:
@@ -162,7 +172,7 @@ def load_idx_family(name: str, root: Path, relabel: bool = True) -> Pool:
             raise DataError(f"{img.name} ({x.shape}) and {lbl.name} ({y.shape}) do not match")
         if xs and x.shape[1:] != xs[0].shape[1:]:
             raise DataError(f"{img} holds {x.shape[1]}x{x.shape[2]} images, {pairs[0][0].name} {xs[0].shape[1]}x{xs[0].shape[2]}: one size per data set")
-        if name in IDX_CLASSES and len(y) and int(y.max()) >= IDX_CLASSES[name]:
+        if len(y) and int(y.max()) >= IDX_CLASSES[name]:
             raise DataError(f"{lbl} holds label {int(y.max())}: {name}'s labels are 0..{IDX_CLASSES[name] - 1}")
         xs.append(x)
         ys.append(y)
@@ -172,9 +182,7 @@ def load_idx_family(name: str, root: Path, relabel: bool = True) -> Pool:
     if name == "emnist":
         x = x.transpose(0, 1, 3, 2)  # EMNIST images are stored transposed
     y = np.concatenate(ys).astype(np.int64)
-    if relabel:
-        _, y = np.unique(y, return_inverse=True)
-    return Pool(_normalize(x), torch.from_numpy(y), int(y.max()) + 1)
+    return Pool(_normalize(x), torch.from_numpy(y), IDX_CLASSES[name])
 
 
 def load_image_folder(root: Path, image_size: int = 0, expect_classes: int | None = None) -> Pool:

@@ -25,6 +25,7 @@ A split that holds no images loads as nothing; a data set whose splits all hold 
 from __future__ import annotations
 
 import bz2
+import io
 import pickle
 from pathlib import Path
 
@@ -82,22 +83,85 @@ def split_files(root: Path, name: str, emnist_split: str = "balanced") -> list[l
     raise LayoutError(f"torchvision data set {name!r} is not one pflower reads ({', '.join(TORCHVISION_INFO)})")
 
 
-class _BatchUnpickler(pickle.Unpickler):
-    """CIFAR's batches hold dicts, lists, strings, numbers and numpy arrays: the globals a
-    pickle of those names are all it may load; any other (a payload's ``os.system``) is refused."""
+class _NDArray:
+    """What a pickle's ``numpy.ndarray`` names: an argument of ``_reconstruct`` only, never a call
+    (``ndarray(shape)`` in a REDUCE would allocate any shape the file asks for)."""
 
-    ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),
-    }
+
+class _BatchUnpickler(pickle.Unpickler):
+    """CIFAR's batches hold dicts, lists, strings, numbers and numpy arrays: the globals a pickle
+    of those names are all it may load; any other (a payload's ``os.system``) is refused.
+
+    What it builds is bounded by the file: ``_codecs.encode`` may turn out no more bytes in all
+    than the file holds (one string encoded again and again asked for 9 GiB), and at most
+    :attr:`MAX_ARRAYS` arrays are made, each filled from bytes the file holds.
+    """
+
+    MAX_ARRAYS = 4  # a batch holds one ('data')
+    RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
+
+    def __init__(self, file, size: int):
+        super().__init__(file, encoding="latin1")
+        self.bytes_left, self.arrays = size, 0
 
     def find_class(self, module: str, name: str):
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refers to {module}.{name}, which CIFAR's batches never hold (a pickle that runs code?)")
-        return super().find_class(module, name)
+        if (module, name) in self.RECONSTRUCT:
+            return self._reconstruct
+        if (module, name) == ("numpy", "ndarray"):
+            return _NDArray
+        if (module, name) == ("numpy", "dtype"):
+            return np.dtype
+        if (module, name) == ("_codecs", "encode"):
+            return self._encode
+        raise pickle.UnpicklingError(f"refers to {module}.{name}, which CIFAR's batches never hold (a pickle that runs code?)")
+
+    def _reconstruct(self, subtype, shape, typecode) -> np.ndarray:
+        """numpy's own ``_reconstruct(ndarray, (0,), b'b')``: an empty array the next BUILD fills."""
+        self.arrays += 1
+        if subtype is not _NDArray or self.arrays > self.MAX_ARRAYS:
+            raise pickle.UnpicklingError(f"makes more than {self.MAX_ARRAYS} arrays or an array of another type; a CIFAR batch holds one")
+        return np.ndarray((0,), np.uint8)
+
+    def _encode(self, text, encoding: str = "utf-8") -> bytes:
+        if not isinstance(text, str) or encoding != "latin1":
+            raise pickle.UnpicklingError("encodes something other than a latin-1 string, as numpy's pickles never do")
+        self.bytes_left -= len(text)
+        if self.bytes_left < 0:
+            raise pickle.UnpicklingError("builds more bytes than the file holds (a string encoded again and again)")
+        return text.encode("latin1")
+
+
+#: The most opcodes a batch may hold: CIFAR-100's training file has about 250,000 (a label and a
+#: file name an image); the bound keeps the scan below and the objects the load makes bounded.
+MAX_OPCODES = 2_000_000
+
+
+def _scan(data: bytes) -> None:
+    """UnpicklingError if ``data`` claims a string longer than the rest of it or holds more than
+    :data:`MAX_OPCODES` opcodes, before anything is loaded: the unpickler allocates a claimed
+    length before reading it (8 bytes asked for 8 GiB)."""
+    import pickletools
+
+    try:
+        for count, _ in enumerate(pickletools.genops(io.BytesIO(data))):
+            if count >= MAX_OPCODES:
+                raise pickle.UnpicklingError(f"holds more than {MAX_OPCODES:,} opcodes; a CIFAR batch holds about 250,000")
+    except ValueError as err:  # a length past the end, an unknown opcode
+        raise pickle.UnpicklingError(str(err)) from None
+
+
+def _labels(value, path: Path, key: str) -> np.ndarray:
+    """A batch's labels as int64: an integer array, or a list (or tuple) of Python ints (CIFAR's);
+    anything else (nested or shared lists that would expand without bound) refused naming ``key``."""
+    if isinstance(value, np.ndarray) and value.ndim == 1 and np.issubdtype(value.dtype, np.integer):
+        return value.astype(np.int64)
+    if isinstance(value, list | tuple) and all(type(v) is int for v in value):
+        try:
+            return np.asarray(value, dtype=np.int64).reshape(len(value))
+        except OverflowError:
+            pass
+    kind = f"{value.dtype} {list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
+    raise DataError(f"{path}: '{key}' holds {kind}; each image needs one integer label (a list of ints)")
 
 
 def _existing(path: Path) -> Path | None:
@@ -157,23 +221,22 @@ def _cifar(files: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for path in files:
         try:
-            with open(path, "rb") as f:
-                entry = _BatchUnpickler(f, encoding="latin1").load()
+            raw = path.read_bytes()
+            _scan(raw)
+            entry = _BatchUnpickler(io.BytesIO(raw), len(raw)).load()
         except Exception as err:  # noqa: BLE001 - a damaged pickle raises nearly anything (IndexError, KeyError, MemoryError, ...)
             raise DataError(f"cannot read {path} as a CIFAR batch (a pickle): {err!r}") from None
         if not isinstance(entry, dict) or "data" not in entry or label_key not in entry:
             raise LayoutError(f"{path} has no 'data' and '{label_key}' (CIFAR's pickled batches)")
-        try:
-            data, labels = np.asarray(entry["data"]), np.asarray(entry[label_key])
-        except ValueError as err:  # ragged lists
-            raise DataError(f"{path}: 'data' and '{label_key}' are not arrays ({err})") from None
-        labels = labels.astype(np.int64) if labels.size == 0 else labels  # [] reads as float64
-        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.dtype != np.uint8:
-            raise DataError(f"{path}: 'data' is {data.dtype} {list(data.shape)}; CIFAR's batches hold uint8 rows of 3072 values [n, 3072] (3x32x32)")
-        if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
-            raise DataError(f"{path}: {len(data)} images but '{label_key}' holds {labels.dtype} {list(labels.shape)}; each image needs one integer label")
+        data = entry["data"]
+        if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.dtype != np.uint8:
+            kind = f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
+            raise DataError(f"{path}: 'data' is {kind}; CIFAR's batches hold uint8 rows of 3072 values [n, 3072] (3x32x32) in a numpy array")
+        labels = _labels(entry[label_key], path, label_key)
+        if len(labels) != len(data):
+            raise DataError(f"{path}: {len(data)} images but '{label_key}' holds {len(labels)} labels; each image needs one integer label")
         xs.append(data.reshape(-1, 3, 32, 32))
-        ys.append(labels.astype(np.int64))
+        ys.append(labels)
     return np.concatenate(xs), np.concatenate(ys)
 
 
