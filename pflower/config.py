@@ -461,11 +461,11 @@ def _check_consistency(s: Settings) -> list[tuple[str, Any, str]]:
             problems += _huggingface_problems(s)
         elif not s.data_path.is_dir() and not (s.download and s.dataset.startswith("cifar")):
             problems.append(("data-dir", s.data_dir, "must be an existing directory"))
-        elif s.dataset == "imagefolder":
-            from pflower.datasets.folder import FolderError, index_folder
+        elif s.reads_folder:
+            from pflower.datasets.folder import FolderError
 
             try:
-                index_folder(s.data_path)
+                _folder_shape(str(s.data_path), s.image_size)  # indexed, and the first image decoded (the shape the model is built for)
             except FolderError as err:
                 problems.append(("data-dir", s.data_dir, str(err)))
         elif s.dataset == "torchvision":

@@ -148,3 +148,19 @@ def test_a_model_too_large_for_the_machine_is_refused_before_it_is_built(tree, m
     ):
         build.check_model(load_settings(cfg))
     build.check_model(load_settings({**cfg, "image-size": 28}))
+
+
+@pytest.mark.parametrize("dataset", ["imagefolder", "cifar10"])
+def test_an_undecodable_first_image_is_refused_naming_data_dir_and_the_file_not_a_traceback(tmp_path, dataset):
+    """The first image of the tree sets the model's input shape: a zero-byte file there raised
+    FolderError out of load_settings (a later one was already refused in one line)."""
+    for cls in ["a", "b"] if dataset == "imagefolder" else [f"c{i}" for i in range(10)]:
+        for i in range(2):
+            path = tmp_path / "train" / cls / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(path)
+    first = tmp_path / "train" / ("a" if dataset == "imagefolder" else "c0") / "0.png"
+    first.write_bytes(b"")
+    with pytest.raises(ConfigError, match=f"data-dir.*cannot decode image {first}") as err:
+        load_settings(run_config(dataset=dataset, data_dir=str(tmp_path)))
+    assert "\n" not in str(err.value)

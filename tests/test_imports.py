@@ -142,7 +142,13 @@ def test_the_graph_sees_imports_in_functions_type_checking_blocks_relative_ones_
         "pflower.other": {"pflower.low"},
     }
     assert find_cycle(graph) == ["pflower.high", "pflower.high.leaf", "pflower.low", "pflower.high"]
-    assert find_cycle({**graph, "pflower.high.leaf": {"pflower.other"}}) == ["pflower.high", "pflower.high.leaf", "pflower.other", "pflower.low", "pflower.high"]
+    assert find_cycle({**graph, "pflower.high.leaf": {"pflower.other"}}) == [
+        "pflower.high",
+        "pflower.high.leaf",
+        "pflower.other",
+        "pflower.low",
+        "pflower.high",
+    ]
     assert find_cycle({**graph, "pflower.low": set()}) is None
 
 

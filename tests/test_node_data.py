@@ -33,6 +33,8 @@ def node_folders(root, groups, size=8, test_split=True):
 
 def test_class_union_sorts_numbers_as_numbers():
     assert class_union([["10", "2"], ["3", "2"]]) == ["2", "3", "10"]
+    assert class_union([["2", "-1"]]) == ["-1", "2"]
+    assert class_union([["2", "--1"]]) == ["--1", "2"]  # no number: sorted as text (int('--1') stopped the ServerApp)
     assert class_union([["1", "²"], ["٣"]]) == ["1", "²", "٣"]  # digits int() cannot read, or reads otherwise: names
     assert class_union([["cat", "ant"], ["bee"]]) == ["ant", "bee", "cat"]
 
@@ -107,6 +109,35 @@ def test_nodes_with_their_own_data_train_and_a_node_of_another_size_is_refused(t
     assert all(list(m.content["config"]["class-names"]) == [str(c) for c in range(10)] for m in trained)
     assert all(m.metadata.dst_node_id != 103 for m in grid.sent[4:])  # never asked again
     assert from_record(trained[0].content["arrays"])["head.bias"].shape == (10,)  # a 10-class model from the nodes' classes
+
+
+def test_a_late_node_with_classes_the_federation_lacks_is_refused_on_arrival(tmp_path, monkeypatch, caplog):
+    """A node that missed discovery joins in round 2 with classes 8 and 9, which the agreed
+    classes (0-7, fixed at the start) lack: it was registered, sampled every round, and every
+    message to it failed. It is refused on arrival, as a late node of another shape is."""
+    from flwr.app import Context, RecordDict
+
+    from pflower.client_app.app import app as client_app
+    from pflower.server_app import app as server_app
+
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    dirs = node_folders(tmp_path, [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9]])
+    started = []
+
+    def late(msg, context):
+        if msg.metadata.message_type == "train":
+            started.append(1)
+        if context.node_id == 103 and msg.metadata.message_type == "query" and not started:
+            raise RuntimeError("not up yet")
+        return client_app(msg, context)
+
+    cfg = {**run_config(dataset="node", num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path / "out")), "round-timeout": 2.0}
+    grid = InProcessGrid(late, cfg, 4, node_configs={i: {"data-dir": str(d)} for i, d in enumerate(dirs)})
+    server_app._main(grid, Context(1, 0, {}, RecordDict(), cfg))
+    assert "node 103 (client 3) is refused: its classes ['8', '9'] are not the federation's" in caplog.text
+    doc = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert all(row.get("client-error", 0) == 0 for row in doc["rounds"]), doc["rounds"]
+    assert sorted(doc["final"]["per-client-accuracy"]) == ["0", "1", "2"]
 
 
 def test_node_data_needs_local_test_mode():

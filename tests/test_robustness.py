@@ -349,22 +349,39 @@ def test_an_identity_beyond_the_federation_is_refused(tmp_path, method, change):
     assert strategy.federation.ids == [0, 1] and strategy.federation.num_clients == 3
 
 
-@pytest.mark.parametrize("client", [0, 2])
-def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, client, caplog):
-    """One of 3 nodes says the federation has 100000 clients (within what any reply may say):
-    the size most clients state holds, that node is refused with a line naming what it said, and
-    discovery ends with the others (it waited out the timeout for clients that do not exist, then
-    sized FedFomo's per-client state from that reply). A node saying 4 where 4 nodes are (one
-    joined a federation of 3) is kept: test_deployment.py."""
+@pytest.mark.parametrize(("client", "stated"), [(0, 100000), (2, 100000), (1, 2)])
+def test_a_node_stating_another_federation_size_is_refused_naming_it(tmp_path, client, stated, caplog):
+    """One of 3 nodes says the federation has 100000 clients (within what any reply may say), or
+    2: the size most clients state holds, that node is refused with a line naming what it said,
+    and discovery ends with the others (100000: it waited out the timeout for clients that do not
+    exist, then sized FedFomo's per-client state from that reply; 2: it was kept, training on its
+    half of a 2-way split, which holds the data of clients 1 and 2 of the 3-way one). A node with
+    its own data saying 4 where 4 nodes are (one joined a federation of 3) is kept: test_deployment.py."""
     from pflower.client_app.app import app
 
     cfg = run_config(method="fedfomo", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
     strategy = build_strategy(load_settings(cfg))
-    grid = InProcessGrid(app, cfg, 3, tamper=_identity_tamper(client, {"num-clients": 100000}))
+    grid = InProcessGrid(app, cfg, 3, tamper=_identity_tamper(client, {"num-clients": stated}))
     strategy.connect(grid, timeout=60)
     assert strategy.federation.num_clients == 3 and strategy.federation.ids == [c for c in range(3) if c != client]
-    assert f"(client {client}) is refused: it says the federation has 100000 clients, where the others say 3 and 3 nodes are here" in caplog.text
+    assert f"(client {client}) is refused: it reads its share of {stated} partitions, the others of 3: their data would overlap" in caplog.text
     assert len(grid.sent) == 3  # one query each: nothing waited for a fourth client
+
+
+def test_two_nodes_with_one_partition_id_the_second_is_refused_at_once(tmp_path, caplog):
+    """Nodes 100 and 101 both say they are client 0: each displaced the other at every query
+    until the timeout, and client 0's messages then went to either. The second is refused naming
+    the first, and discovery ends without waiting (the refused node counts as answered)."""
+    from pflower.client_app.app import app
+
+    cfg = run_config(method="fedavg", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    grid = InProcessGrid(app, cfg, 3, node_configs={1: {"partition-id": 0}})
+    strategy.connect(grid, timeout=60)
+    federation = strategy.federation
+    assert federation.ids == [0, 2] and federation.node_of[0] == min(grid.get_node_ids())
+    assert "answered as client 0 too (two nodes with one partition-id)" in caplog.text
+    assert len(grid.sent) == 3
 
 
 def test_label_counts_of_another_length_leave_the_client_out_of_the_figure(tmp_path, grid_factory):

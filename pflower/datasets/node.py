@@ -72,7 +72,7 @@ def _whole(text: str) -> bool:
 def class_union(names: Iterable[Sequence[str]]) -> list[str]:
     """Every node's class names once, sorted (as numbers when all are whole numbers)."""
     union = {str(n) for node in names for n in node}
-    return sorted(union, key=int) if all(_whole(n.lstrip("-")) for n in union) else sorted(union)
+    return sorted(union, key=int) if all(_whole(n.removeprefix("-")) for n in union) else sorted(union)
 
 
 @lru_cache(maxsize=4)

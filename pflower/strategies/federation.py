@@ -151,7 +151,9 @@ class Federation:
         self.fixed = False  # the server has allocated per-client state: no client id beyond num_clients
         self.data: dict[int, tuple[tuple[int, ...], tuple[str, ...]]] = {}  # a node's own data: (shape, class names)
         self.shape: tuple[int, ...] | None = None  # the agreed input shape (agree_on_data)
+        self.union: list[str] | None = None  # the agreed class names (agree_on_data)
         self.refused: dict[int, str] = {}  # node id -> why it is not part of the run
+        self.displaced: set[int] = set()  # nodes whose client answered again from another node: never asked again
         self.riders: set[int] = set()  # clients that evaluate a riding evaluation first (they said so)
         self.held: HeldEvaluation | None = None  # an evaluation for the next phase
         self.sent_held: HeldEvaluation | None = None  # the one the last phase took, with its replies
@@ -198,12 +200,13 @@ class Federation:
         """
         failed = {} if failed is None else failed
         nodes = list(grid.get_node_ids())
-        new = [n for n in nodes if n not in self.client_of and n not in self.refused]
+        new = [n for n in nodes if n not in self.client_of and n not in self.refused and n not in self.displaced]
         if new:
             msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+            claimed: set[int] = set()  # client ids answered in this query: two nodes alive at once
             for reply in sorted(send_and_receive(grid, msgs, timeout, window_for(grid)), key=lambda r: r.metadata.src_node_id):
                 node = reply.metadata.src_node_id
-                why = self._register_stateless(node, set(nodes)) if self._no_handler(reply) else self._register(reply)
+                why = self._register_stateless(node, set(nodes)) if self._no_handler(reply) else self._register(reply, claimed)
                 if why is None:
                     failed.pop(node, None)
                 else:
@@ -214,8 +217,16 @@ class Federation:
     def _no_handler(reply: Message) -> bool:
         return reply.has_error() and NO_QUERY_HANDLER in reply.error.reason
 
-    def _register(self, reply: Message) -> str | None:
-        """Record a node's identity; returns why it could not be registered, or None."""
+    def _register(self, reply: Message, claimed: set[int]) -> str | None:
+        """Record a node's identity; returns why it could not be registered, or None.
+
+        A client id another node claimed in the same query (``claimed``) is refused: two nodes
+        with one partition-id. One that answers from a new node in a later query is a restarted
+        SuperNode: it takes the id, and the old node is not asked again (it would take it back).
+        A node that reads its share of the server's partition must state the federation's size
+        (another size is another split: the shares would overlap); one with its own data
+        (``dataset='node'``) may state a larger one only while the federation is not fixed, and
+        brings images of the agreed shape and classes the federation has."""
         node = reply.metadata.src_node_id
         try:
             r = check_reply(reply, None, None, reply_metrics.IDENTITY)
@@ -226,17 +237,23 @@ class Federation:
         except (Rejected, KeyError, TypeError, ValueError) as err:
             log(WARNING, "Node %s did not identify itself: %s", node, err)
             return str(err)
-        if self.fixed and n_clients > self.num_clients:
-            return self._refuse(node, r.client_id, f"it says the federation has {n_clients} clients, where it has {self.num_clients}")
-        if r.client_id in self.node_of and self.node_of[r.client_id] != node:
-            log(INFO, "Client %d is back as node %s", r.client_id, node)
-            self.client_of.pop(self.node_of[r.client_id], None)
         identity = reply.content.config_records.get(IDENTITY)
+        if r.client_id in claimed:
+            return self._refuse(node, r.client_id, f"node {self.node_of[r.client_id]} answered as client {r.client_id} too (two nodes with one partition-id)")
+        if self.fixed and (n_clients > self.num_clients or (identity is None and n_clients != self.num_clients)):
+            return self._refuse(node, r.client_id, f"it says the federation has {n_clients} clients, where it has {self.num_clients}")
         if identity is not None:
             shape, names = tuple(int(d) for d in identity.get("shape", [])), tuple(str(n) for n in identity.get(CLASS_NAMES, []))
             if self.shape is not None and shape != self.shape:
                 return self._refuse(node, r.client_id, f"its images are {shape}, the federation's {self.shape}")
+            if self.union is not None and (unknown := sorted(set(names) - set(self.union))):
+                return self._refuse(node, r.client_id, f"its classes {unknown[:5]} are not the federation's (agreed when the run started)")
             self.data[r.client_id] = (shape, names)
+        if r.client_id in self.node_of and (old := self.node_of[r.client_id]) != node:
+            log(INFO, "Client %d is back as node %s (node %s is not asked again)", r.client_id, node, old)
+            self.client_of.pop(old, None)
+            self.displaced.add(old)
+        claimed.add(r.client_id)
         self.node_of[r.client_id] = node
         self.client_of[node] = r.client_id
         self.num_examples[r.client_id] = r.num_examples
@@ -261,17 +278,24 @@ class Federation:
         return max(counts, key=lambda n: (counts[n], -n)) if counts else 0
 
     def _refuse_unbacked(self, nodes: int) -> None:
-        """Refuse the clients that state a federation size other than most clients do and larger
-        than the ``nodes`` the federation has: one reply never sizes the server's per-client
-        state, nor makes it wait for clients that do not exist. A node that joins a federation
-        with a size one larger, and is there, is kept. The size is then the largest kept."""
+        """Refuse the clients that state a federation size other than most clients do: a share of
+        the server's partition of another size (the shares would overlap), or, with the nodes'
+        own data, a size larger than the ``nodes`` the federation has (one reply never sizes the
+        server's per-client state, nor makes it wait for clients that do not exist; a node with
+        its own data that joins with a size one larger, and is there, is kept). The size is then
+        the largest kept."""
         agreed = self._agreed_size()
         for cid in sorted(self.node_of):
-            if cid in self.stated and self.stated[cid] != agreed and self.stated[cid] > nodes:
-                self._refuse(
-                    self.node_of[cid], cid, f"it says the federation has {self.stated[cid]} clients, where the others say {agreed} and {nodes} nodes are here"
-                )
-                self._forget(cid)
+            if cid not in self.stated or self.stated[cid] == agreed:
+                continue
+            if cid not in self.data:  # its share of the server's partition: another size is another split
+                why = f"it reads its share of {self.stated[cid]} partitions, the others of {agreed}: their data would overlap"
+            elif self.stated[cid] > nodes:
+                why = f"it says the federation has {self.stated[cid]} clients, where the others say {agreed} and {nodes} nodes are here"
+            else:
+                continue
+            self._refuse(self.node_of[cid], cid, why)
+            self._forget(cid)
         if self.stated:
             self.num_clients = max(self.stated.values())
 
@@ -314,7 +338,7 @@ class Federation:
                 self.data.pop(cid)
                 self._refuse(node, cid, f"its images are {shape}, the federation's {self.shape}")
         self.num_clients = min(self.num_clients, max(self.node_of) + 1)  # refused highest ids leave no empty rows
-        union = class_union(names for _, names in self.data.values())
+        union = self.union = class_union(names for _, names in self.data.values())
         self.classes = {cid: [union.index(n) for n in names] for cid, (_, names) in self.data.items()}  # in the union's numbering
         for cid, counts in list(self.label_counts.items()):
             if cid in self.data and len(counts) == len(names := self.data[cid][1]):
