@@ -106,6 +106,7 @@ def _strategy(**kw) -> tuple[ClusteredFL, dict]:
     x0 = {"w": torch.randn(2, 2), "b": torch.randn(2), "bn.running_mean": torch.randn(2)}
     strategy = ClusteredFL(**{"eps1": 0.5, "eps2": 0.5, "warmup_rounds": 1, **kw})
     strategy.federation.num_clients = 4
+    strategy.federation.node_of = {c: 100 + c for c in range(4)}
     strategy.prepare(to_record(x0))
     return strategy, x0
 
@@ -185,6 +186,18 @@ def test_a_cluster_splits_only_when_all_its_clients_replied_and_it_is_large_enou
     strategy, x0 = _strategy(min_split_size=5)
     strategy.aggregate(2, [_reply(c, x0, (1, -1, 1, -1)[c], 10) for c in range(4)])
     assert strategy.clusters == [[0, 1, 2, 3]]
+
+
+def test_a_client_away_blocks_no_split_and_joins_the_first_cluster_when_back():
+    """Client 3 never answered (not in the federation's nodes): the other three's replies split
+    the cluster; when 3 comes back it is in no cluster and joins the first."""
+    strategy, x0 = _strategy(min_split_size=3)
+    del strategy.federation.node_of[3]
+    strategy.aggregate(2, [_reply(c, x0, (1, -1, 1)[c], 10) for c in (0, 1, 2)])
+    assert strategy.clusters == [[0, 2], [1]]
+    strategy.federation.node_of[3] = 103
+    arrays = strategy.train_arrays(3, [1, 3])
+    assert strategy.clusters == [[0, 2, 3], [1]] and arrays[3] is strategy.train_arrays(3, [0])[0]
 
 
 def test_runs_that_can_never_split_are_named_in_the_log(caplog):

@@ -149,6 +149,19 @@ def test_train_test_split_is_stratified():
     assert len(te) / len(idx) == pytest.approx(0.3, abs=0.01)
 
 
+@pytest.mark.parametrize("fraction", [0.5, 0.6, 0.9])
+def test_a_client_of_single_sample_classes_keeps_training_samples_at_any_test_fraction(fraction):
+    """One sample in each of 4 classes and test-fraction >= 0.5: every sample went to test, the
+    client's identity ('num-examples is 0') was refused and discovery waited out its timeout.
+    A random share is held out instead, leaving at least one to train on."""
+    labels = np.arange(4)
+    tr, te = P.train_test_split(np.arange(4), labels, fraction, seed=1)
+    assert len(tr) >= 1 and len(te) >= 1 and sorted([*tr, *te]) == [0, 1, 2, 3]
+    s = load_settings({"partition": "classes", "client-classes": "0,1,2,3;4;5", "samples-per-client": 4, "test-fraction": fraction})
+    fi = federated_indices(s, 3)
+    assert all(len(t) >= 1 for t in fi.train) and all(len(t) >= 1 for t in fi.test)
+
+
 def test_client_data_on_digits_matches_partition():
     s = load_settings({"partition": "pathological", "classes-per-client": 3, "seed": 2})
     fi = federated_indices(s, 5)

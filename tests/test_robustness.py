@@ -429,3 +429,40 @@ def test_a_failed_round_keeps_the_evaluation_that_came_back_with_it(tmp_path, gr
         strategy.start(grid=InProcessGrid(app, cfg, 3, tamper=nan_in_round_2))
     rows = json.loads((tmp_path / "metrics.json").read_text())["rounds"]
     assert rows[0]["evaluated"] == 3 and rows[0]["accuracy"] is not None
+
+
+def _away(node: int):
+    """The ClientApp, with node ``node`` never answering the identity query (its data unmounted)."""
+    from pflower.client_app.app import app
+
+    def client(msg, context):
+        if msg.metadata.message_type == "query" and context.node_id == node:
+            raise RuntimeError("disk not mounted")
+        return app(msg, context)
+
+    return client
+
+
+def test_a_client_that_never_answered_blocks_no_cluster_split_and_no_federico_plan(tmp_path):
+    """Discovery goes on without a client that never answered (a warning). It stayed in the
+    server's view: Clustered FL's first cluster waited for its reply to split, so it never split
+    (FedAvg without a word); FedeRiCo refused every plan naming it as 'malformed', so the client
+    whose first contact it was never trained."""
+    cfl = {**run_config(method="cfl", num_server_rounds=3, local_epochs=1, samples_per_client=60, partition="label-groups",
+           cfl__warmup_rounds=1, cfl__eps1=100.0, cfl__eps2=0.0, cfl__gamma_max=0.5), "results-dir": str(tmp_path / "cfl"), "round-timeout": 2.0}  # fmt: skip
+    strategy = build_strategy(load_settings(cfl))
+    strategy.start(grid=InProcessGrid(_away(104), cfl, 5))
+    assert strategy.federation.ids == [0, 1, 2, 3] and len(strategy.clusters) > 1, strategy.clusters
+
+    fed = {
+        **run_config(method="federico", num_server_rounds=3, local_epochs=1, samples_per_client=60),
+        "results-dir": str(tmp_path / "f"),
+        "round-timeout": 2.0,
+    }
+    strategy = build_strategy(load_settings(fed))
+    strategy.start(grid=InProcessGrid(_away(103), fed, 4))
+    import json
+
+    doc = json.loads((tmp_path / "f" / "metrics.json").read_text())
+    assert all("malformed" not in row["rejected"] for row in doc["rounds"]), [row["rejected"] for row in doc["rounds"]]
+    assert strategy.federation.trained == {0: 3, 1: 3, 2: 3}  # every client here finished every round

@@ -439,7 +439,8 @@ def _class_balanced_subset(part: np.ndarray, labels: np.ndarray, size: int, rng:
 def train_test_split(indices: np.ndarray, labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Stratified split of one client's indices: train and test share the label distribution.
     A client whose every class has one sample (a sparse writer of a natural-id partition) would
-    get no test sample so: it holds out a random ``test_fraction`` (at least one) instead."""
+    get no test sample so, or with ``test_fraction`` of 0.5 and above no training sample: it
+    holds out a random ``test_fraction`` instead (at least one, and at least one left to train)."""
     rng = np.random.default_rng(seed)
     train, test = [], []
     for c in np.unique(labels[indices]):
@@ -450,7 +451,7 @@ def train_test_split(indices: np.ndarray, labels: np.ndarray, test_fraction: flo
         test.append(idx[:n_test])
         train.append(idx[n_test:])
     train_idx, test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
-    if len(test_idx) == 0 and len(indices) > 1:
+    if (len(test_idx) == 0 or len(train_idx) == 0) and len(indices) > 1:
         order = rng.permutation(indices)
         k = min(max(1, int(round(test_fraction * len(indices)))), len(indices) - 1)
         return np.sort(order[k:]), np.sort(order[:k])

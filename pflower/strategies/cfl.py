@@ -145,6 +145,13 @@ class ClusteredFL(TrainRounds):
         return self._records[k]
 
     def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
+        """Each client's cluster's model; a client in no cluster (it was away when its cluster
+        split) joins the first."""
+        for cid in ids:
+            if cid not in self.cluster_of:
+                log(INFO, "Clustered FL: client %d, in no cluster (away when its cluster split), joins cluster %s", cid, self.clusters[0])
+                self.clusters[0] = sorted([*self.clusters[0], cid])
+                self.cluster_of[cid] = 0
         return {cid: self._record(self.cluster_of[cid]) for cid in ids}
 
     def evaluate_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
@@ -184,7 +191,8 @@ class ClusteredFL(TrainRounds):
                 continue
             updates = self.update_spec.stack((r.arrays for r in got), torch.float64) - self.update_spec.flatten(model).double()
             weights = torch.tensor([float(r.num_examples) for r in got], dtype=torch.float64)
-            may_split = server_round > self.warmup_rounds and len(got) == len(members) and len(members) >= self.min_split_size
+            here = [c for c in members if c in self.federation.node_of]  # a client that never answered, or left, blocks no split
+            may_split = server_round > self.warmup_rounds and len(got) == len(here) and len(here) >= self.min_split_size
             record, parts = split_check(updates, weights, eps1=self.eps1, eps2=self.eps2, gamma_max=self.gamma_max, may_split=may_split)
             groups = [got] if parts is None else [[got[i] for i in part] for part in parts]
             if parts is not None:

@@ -77,7 +77,8 @@ class FedericoRelay(PflStrategy):
 
     # ------------------------------------------------------------ the gate
     def _client(self, client: int) -> bool:
-        return isinstance(client, int) and not isinstance(client, bool) and client in self.federation.node_of
+        """A client id of the federation's range (present now or not)."""
+        return isinstance(client, int) and not isinstance(client, bool) and 0 <= client < self.federation.num_clients
 
     def _buffer(self, client: int, record: ConfigRecord, what: str) -> bool:
         why = buffer_problem(record.get("ids"), record.get("ages"), self.federation.num_clients, self.view_size)
@@ -87,7 +88,9 @@ class FedericoRelay(PflStrategy):
 
     def _plan(self, client: int, content: RecordDict) -> tuple[list[int], list[int]] | None:
         """(neighbours, partner) of a well-formed plan, else None (refused): two lists of distinct
-        clients of this federation other than itself, at most one partner."""
+        clients of this federation other than itself, at most one partner. A client that is not
+        here (a node that never answered, or left) is dropped from the plan, as one whose reply
+        does not come is: a view holding it is no fault of the planner."""
         plan = content.config_records.get(PLAN)
         if plan is None or GOSSIP not in content.config_records:
             self.gate.reject(client, Rejected("malformed", f"a plan needs the records '{PLAN}' and '{GOSSIP}'"), "plan")
@@ -102,7 +105,8 @@ class FedericoRelay(PflStrategy):
         if not well_formed:
             self.gate.reject(client, Rejected("malformed", f"plan must name distinct other clients of this federation: {wanted!r} / {partner!r}"), "plan")
             return None
-        return [int(j) for j in wanted], [int(j) for j in partner]
+        here = self.federation.node_of
+        return [int(j) for j in wanted if j in here], [int(j) for j in partner if j in here]
 
     def _step(self, grid: Grid, rnd: int, phase: str, contents: dict[int, RecordDict], config: dict, traffic: dict, missing: set) -> dict[int, RecordDict]:
         """Send one step to the clients in ``contents``; their valid replies by client."""
