@@ -150,6 +150,20 @@ def test_huggingface_plain_labels_and_array_images(tmp_path):
     assert torch.allclose(pool.x, _normalize(images.transpose(0, 3, 1, 2).copy()))
 
 
+@pytest.mark.parametrize("shape", [(3, 6, 6), (1, 6, 6), (3, 4, 4), (4, 5, 7)])
+def test_huggingface_channels_first_arrays_are_read_as_channels_first(tmp_path, shape):
+    """Arrays kept as PyTorch keeps them, [C, H, W]: [3, 4, 4] was read as a 3x4 RGBA image and
+    refused ("3x3 images" for [3, 3, ...]); each is read with its channels, pixel for pixel."""
+    import datasets
+
+    images = np.random.default_rng(1).random((6, *shape)).astype(np.float32)
+    datasets.Dataset.from_dict({"pixels": images.tolist(), "animal": [0, 1] * 3}).save_to_disk(str(tmp_path / "d"))
+    s = load_settings(run_config(dataset="huggingface", data_dir=str(tmp_path / "d"), hf_image_column="pixels", hf_label_column="animal", partition="iid"))
+    want = images[:, :3] if shape[0] == 4 else images  # RGBA: the alpha channel is dropped
+    assert s.image_shape == want.shape[1:]
+    assert torch.allclose(load_pool(s.source).x, _normalize(want.copy()))
+
+
 def test_huggingface_errors_name_the_key(hf_files, tmp_path):
     root, *_ = hf_files
     cfg = run_config(dataset="huggingface", data_dir=str(root / "disk"), partition="iid")

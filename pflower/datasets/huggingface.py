@@ -141,8 +141,13 @@ def pixel_dtype(feature: Any) -> np.dtype | None:
         return None
 
 
-def _images(batch: Any, column: str, first: int, declared: np.dtype | None = None) -> np.ndarray:
+def _images(batch: Any, column: str, first: int, declared: np.dtype | None = None, decoded: bool = False) -> np.ndarray:
     """A batch of the image column as float32 [n, C, H, W] in [0, 1].
+
+    Decoded images are [H, W, channels]. Arrays may also be channels first, as PyTorch keeps
+    them: [C, H, W] with C 1, 3 or 4 and a last dimension that is no channel count, or a larger
+    one ([3, 32, 32], [3, 4, 4]), is read so (it was read as [H, W, RGBA] and refused as
+    3x4 images).
 
     The scale follows the column's type (``declared``, else the batch's), never its values:
     uint8 and other integers are 0-255, uint16 is 0-65535, floats are [0, 1]. A value outside
@@ -155,8 +160,10 @@ def _images(batch: Any, column: str, first: int, declared: np.dtype | None = Non
         raise DataError(f"column {column!r}: the images from row {first} on differ in size or channels, or are not arrays; one size per data set") from None
     if a.ndim == 3:
         a = a[:, :, :, None]
+    if not decoded and a.ndim == 4 and a.shape[1] in (1, 3, 4) and (a.shape[-1] not in (1, 3, 4) or a.shape[1] < a.shape[-1]):
+        a = a.transpose(0, 2, 3, 1)  # channels first
     if a.ndim != 4 or a.shape[-1] not in (1, 3, 4):
-        raise DataError(f"column {column!r}: rows from {first} on are {a.shape[1:]}, not images [H, W] or [H, W, channels]")
+        raise DataError(f"column {column!r}: rows from {first} on are {a.shape[1:]}, not images [H, W], [H, W, channels] or [channels, H, W]")
     a = a[..., :3] if a.shape[-1] == 4 else a  # RGBA: the alpha channel is dropped
     kind = declared if declared is not None else a.dtype
     if kind == np.bool_:
@@ -218,7 +225,7 @@ def _batches(ds, column: str, size: int = 2048) -> Iterator[np.ndarray]:
         mode = getattr(feature, "mode", None)
         for start, batch in enumerate(part.with_format("arrow").iter(batch_size=size)):
             cells = [_decode_cell(cell, column, start * size + i, mode) for i, cell in enumerate(batch.column(column).to_pylist())]
-            yield _images(cells, column, start * size, np.dtype(np.float32))
+            yield _images(cells, column, start * size, np.dtype(np.float32), decoded=True)
     else:
         for start, batch in enumerate(part.with_format("numpy").iter(batch_size=size)):
             yield _images(batch[column], column, start * size, pixel_dtype(feature))
