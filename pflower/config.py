@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from pflower.methods import MethodParams, declarations
 from pflower.methods.declaration import within_float32
-from pflower.run_folder import CHECKPOINT, held_run
+from pflower.run_folder import CHECKPOINT, RESULTS, held_run
 
 if TYPE_CHECKING:  # the data modules import torch, which the configuration does not need
     from pflower.datasets.sources import Source
@@ -219,7 +219,9 @@ class Settings(BaseModel):
         description="seeds the data apart from training: the `data-fraction` subset, the partition, each client's train/test split and its validation hold-out (SuPerFed's, FedFomo's), label noise and feature-shift domains (a node's own test split with `dataset='node'`); `seed` still drives the initial model, sampling and training. So FedeRiCo's 5 splits × 3 training seeds are 5 values here × 3 of `seed`. -1: the same as `seed`",
     )
     results_dir: str = Field(
-        "results", description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory)"
+        "",
+        description="output folder: metrics.json, figures, checkpoint (relative paths resolve against the SuperLink's working directory); "
+        "empty: a folder of the run's own, `results/<start time>-<method>`, named in the log at the start (clients keep their state in `results/client-state`)",
     )
     resume_from: str = Field("", description="a results-dir to continue: its `checkpoint.pt` is loaded and the run goes on after its last round")
     overwrite: bool = Field(
@@ -291,8 +293,8 @@ class Settings(BaseModel):
     @field_validator("results_dir")
     @classmethod
     def _a_folder(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must name a folder ('.' for the current one)")
+        if v and not v.strip():
+            raise ValueError("must name a folder ('.' for the current one), or be empty for a folder of the run's own under results/")
         return v
 
     @field_validator("method")
@@ -375,12 +377,13 @@ class Settings(BaseModel):
 
     @property
     def results_path(self) -> Path:
-        return Path(self.results_dir).expanduser().resolve()
+        """The results-dir; with none given, the folder under which each run gets its own (:data:`RESULTS`)."""
+        return Path(self.results_dir or RESULTS).expanduser().resolve()
 
     @property
     def continues_in_place(self) -> bool:
         """The run resumes the run in its own results-dir (and writes on in that folder)."""
-        return bool(self.resume_from) and Path(self.resume_from).expanduser().resolve() == self.results_path
+        return bool(self.resume_from) and bool(self.results_dir) and Path(self.resume_from).expanduser().resolve() == self.results_path
 
     @property
     def state_paths(self) -> list[Path]:
@@ -657,7 +660,9 @@ def check_server(s: Settings) -> None:
 
 def check_held(s: Settings) -> None:
     """ConfigError if ``results-dir`` holds another run and the settings neither continue nor
-    replace it."""
+    replace it; a run without one gets a new folder (nothing to check)."""
+    if not s.results_dir:
+        return
     path = s.results_path
     if (held := held_run(path)) and not s.overwrite and not s.continues_in_place:
         go_on = f"continue that run with resume-from='{s.results_dir}', or " if CHECKPOINT in held else ""

@@ -1,5 +1,6 @@
 """A results-dir as one run's folder: what a run writes there, whether a folder already holds
-a run, and clearing one on purpose (``overwrite=true``).
+a run, clearing one on purpose (``overwrite=true``), and a new folder for each run that names
+none (``results/<start time>-<method>``: runs sort by start, repeated runs never collide).
 
 A new run never writes over another run's metrics.json or checkpoint by accident: the old run
 could no longer be read or resumed. This module imports neither torch nor matplotlib, so
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +21,8 @@ try:
 except ImportError:  # not on Windows: no claim there
     fcntl = None
 
+#: Where runs that name no results-dir get a folder each (relative: the SuperLink's working directory).
+RESULTS = "results"
 METRICS = "metrics.json"
 CHECKPOINT = "checkpoint.pt"
 #: Every figure :func:`pflower.plots.draw_run` may draw.
@@ -26,6 +30,22 @@ FIGURES = ("accuracy.png", "partition.png", "alpha-heatmap.png", "alpha-evolutio
 #: What a run writes into its results-dir: the files above, its TensorBoard events and, by
 #: default, its clients' saved states. (An MLflow store there keeps every run; it is left alone.)
 OUTPUTS = (METRICS, CHECKPOINT, f"{CHECKPOINT}.tmp", f"{METRICS}.tmp", *FIGURES, "tensorboard", "client-state")
+
+
+def new_run_folder(base: Path, method: str, now: float | None = None) -> Path:
+    """A new, empty folder ``base/<YYYYmmdd-HHMMSS>-<method>`` (local time; ``-2``, ``-3``, ...
+    after it for runs started in the same second), created here so two ServerApps never take
+    the same one."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    base.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 10_000):
+        folder = base / (f"{stamp}-{method}" + (f"-{k}" if k > 1 else ""))
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise FileExistsError(f"{base} holds 9,999 runs started at {stamp}")
 
 
 def held_run(folder: Path) -> list[str]:

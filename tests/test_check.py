@@ -100,6 +100,31 @@ def test_a_run_into_a_folder_holding_another_run_is_refused_and_changes_nothing(
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old
 
 
+def test_runs_naming_no_results_dir_each_get_a_folder_of_their_own_and_resume_from_it(tmp_path, monkeypatch, caplog):
+    """Two runs in a row with the default keys (the second was refused: 'results holds another
+    run'): each writes results/<start time>-<method>, named in the log; a third resumes the first
+    from its folder into a folder of its own, its clients' states found under results/client-state."""
+    import logging
+
+    from pflower.run_folder import new_run_folder
+
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    cfg = {k: v for k, v in _small("unused", method="ditto").items() if k != "results-dir"}
+    _serve(cfg)
+    _serve(cfg)
+    first, second = sorted((tmp_path / "results").glob("*-ditto*"))
+    assert [p.name[:15] <= q.name[:15] for p, q in [(first, second)]] == [True]  # they sort by start time
+    assert all((d / "metrics.json").is_file() for d in (first, second)) and (tmp_path / "results" / "client-state").is_dir()
+    assert f"Results of this run: {first}" in caplog.text and f"Results of this run: {second}" in caplog.text
+    doc = json.loads((first / "metrics.json").read_text())
+    assert doc["config"]["results-dir"] == f"results/{first.name}"
+    _serve({**cfg, "num-server-rounds": 3, "resume-from": f"results/{first.name}"})
+    third = max((tmp_path / "results").glob("*-ditto*"), key=lambda d: d.stat().st_mtime_ns)
+    assert [r["round"] for r in json.loads((third / "metrics.json").read_text())["rounds"]] == [1, 2, 3]
+    assert new_run_folder(tmp_path / "b", "x", now=0).name.endswith("-x") and new_run_folder(tmp_path / "b", "x", now=0).name.endswith("-x-2")
+
+
 @pytest.mark.parametrize("method", ["superfed", "federico", "pfedla"])
 def test_overwrite_replaces_the_old_runs_files_and_only_those(tmp_path, method):
     """A run of ``method`` (its figures, checkpoint, client states, TensorBoard events), then a

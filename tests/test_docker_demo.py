@@ -104,10 +104,18 @@ def _leftovers() -> dict[str, list[str]]:
     return {k: subprocess.run(["docker", *cmd, "--filter", label], capture_output=True, text=True).stdout.split() for k, cmd in kinds.items()}
 
 
+def _runs(dest: Path) -> list[dict]:
+    """The metrics.json of every run under ``dest``: its own, or its run folders' in start order."""
+    files = [dest / "metrics.json"] if (dest / "metrics.json").is_file() else sorted(dest.glob("*/metrics.json"))
+    return [json.loads(f.read_text()) for f in files]
+
+
 def _results(env: dict, compose: list[str], source: str, dest: Path) -> dict:
+    """The one run's metrics.json under ``source`` in the ServerApp's container."""
     shutil.rmtree(dest, ignore_errors=True)
     _run([*compose, "cp", f"serverapp:{source}", str(dest)], env)
-    return json.loads((dest / "metrics.json").read_text())
+    (doc,) = _runs(dest)
+    return doc
 
 
 def _check_nodes_own_accuracy(doc: dict, rounds: int) -> None:
@@ -140,8 +148,10 @@ def test_readme_docker_demo_insecure_tls_restart_and_down(env, tmp_path):
         _log(f"insecure block (build, up, 2 rounds, copy, down) {time.monotonic() - started:.0f} s")
         _log("rounds: " + "; ".join(re.findall(r"\[round \d+/\d+\][^\n]*", run.stdout)))
         assert "Successfully started run" in run.stdout, run.stdout[-3000:]
-        doc = json.loads((ROOT / "results-docker" / "metrics.json").read_text())
-        _check_nodes_own_accuracy(doc, rounds=2)
+        docs = _runs(ROOT / "results-docker")  # two runs in a row, each in a folder of its own
+        assert [d["config"]["method"] for d in docs] == ["pfedla", "fedavg"], [d["config"]["results-dir"] for d in docs]
+        for doc in docs:
+            _check_nodes_own_accuracy(doc, rounds=2)
         assert _leftovers() == {"containers": [], "volumes": [], "networks": []}
 
         # TLS + SuperNode authentication: keys readable by the containers' user, registration, a run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from logging import ERROR, INFO, WARNING
+from pathlib import Path
 
 import torch
 from flwr.app import ConfigRecord, Context
@@ -15,7 +16,7 @@ from pflower.checkpoint import load_checkpoint
 from pflower.config import ConfigError, check_held, check_server, load_settings
 from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
-from pflower.run_folder import FolderBusyError, claimed, clear_run
+from pflower.run_folder import RESULTS, FolderBusyError, claimed, clear_run, new_run_folder
 from pflower.state_round import MissingStateError
 from pflower.strategies.federation import Federation, NoClientsError
 from pflower.strategies.loop import RoundFailedError
@@ -46,6 +47,10 @@ def main(grid: Grid, context: Context) -> None:
         settings = load_settings(context.run_config)
         torch.set_num_threads(settings.server_threads)
         check_server(settings)
+        if not settings.results_dir:  # a folder of the run's own
+            folder = new_run_folder(settings.results_path, settings.method)
+            settings = settings.model_copy(update={"results_dir": str(Path(RESULTS) / folder.name)})
+            log(INFO, "Results of this run: %s", folder)
         settings.results_path.mkdir(parents=True, exist_ok=True)
         with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
             check_held(settings)
