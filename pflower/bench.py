@@ -17,7 +17,6 @@ that page, and the README's headline tables that use the suite (``bench/headline
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 from flwr.common.config import flatten_dict
 
+from pflower import help_text
 from pflower.check import app_run_config
 from pflower.config import ConfigError, Settings, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
@@ -915,7 +915,7 @@ def example_markdown(name: str, records: Path = RECORDS, suites: Path = ROOT / "
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pflower-bench", description="Run a benchmark suite (resumable), record its runs and build its tables and figures.")
+    p = help_text.parser("pflower-bench", "Run a benchmark suite (resumable), record its runs and build its tables and figures.")
     p.add_argument("suite", help="a suite of the suite file, e.g. 'small' or 'full'")
     p.add_argument("--file", type=Path, default=SUITES, help="suite file (default: bench/suites.toml; another needs --records DIR)")
     p.add_argument(

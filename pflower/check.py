@@ -19,6 +19,8 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+from pflower import help_text
+
 
 def app_run_config(app: Path, overrides: str = "") -> dict:
     """The run config ``flwr run app -c overrides`` would submit (unknown override keys kept)."""
@@ -109,7 +111,7 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pflower-check", description=__doc__.split("\n\n")[0])
+    p = help_text.parser("pflower-check", __doc__)
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, as for flwr run")
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
     p.add_argument("--num-clients", type=client_count, default=None, help="the federation's size: its partition is checked too")

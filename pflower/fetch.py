@@ -36,7 +36,6 @@ runs, not when ``huggingface_hub`` is imported).
 
 from __future__ import annotations
 
-import argparse
 import errno
 import fnmatch
 import gzip
@@ -60,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from pflower import help_text
 from pflower.run_folder import FolderBusyError, claimed
 
 DATA_ENV = "PFLOWER_DATA"
@@ -832,9 +832,8 @@ def _run(names: list[str], root: Path, mirror: str | None, out: TextIO, err: Tex
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="pflower-data",
-        description="Fetch data sets into the data root, verified: what the benchmark suites, the docs' examples and pflower's readers expect.",
+    p = help_text.parser(
+        "pflower-data", "Fetch data sets into the data root, verified: what the benchmark suites, the docs' examples and pflower's readers expect."
     )
     p.add_argument("names", nargs="*", metavar="NAME", help=f"one or more of: {', '.join(DATASETS)}")
     p.add_argument("--root", type=Path, help=f"the data root (default: ${DATA_ENV}, else ~/pflower-data; what pflower-bench --data-root names)")

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from pflower import help_text
 from pflower.check import at_least_one, client_count
 from pflower.processes import console_script, free_port, start_watched, stop, wait_for_port
 
@@ -286,7 +287,7 @@ def _exit_on_sigterm(signum: int, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pflower-sim", description=__doc__.split("\n\n")[0])
+    p = help_text.parser("pflower-sim", __doc__)
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, e.g. \"method='fedprox' lr=0.01\"")
     p.add_argument("--num-clients", type=client_count, default=10, help="virtual SuperNodes (clients)")
     p.add_argument("--cpus-per-client", type=core_count, default=1, help="CPU cores reserved per ClientApp")

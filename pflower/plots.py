@@ -7,7 +7,6 @@ accuracy against the bytes they sent on one figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pflower import help_text
 from pflower.similarity import group_order
 
 
@@ -209,7 +209,7 @@ def draw_mechanisms(doc: dict[str, Any], directory: Path, prefix: str = "") -> l
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pflower-plot", description="Redraw the figures of finished runs.")
+    p = help_text.parser("pflower-plot", "Redraw the figures of finished runs.")
     p.add_argument("results_dirs", nargs="+", type=Path, help="results-dir of a run (holds metrics.json)")
     args = p.parse_args(argv)
     for d in args.results_dirs:
@@ -284,7 +284,7 @@ def plot_comparison(runs: dict[str, list[dict[str, Any]]], path: Path, metric: s
 
 
 def compare_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pflower-compare", description="Draw several runs' accuracy against cumulative bytes on one figure.")
+    p = help_text.parser("pflower-compare", "Draw several runs' accuracy against cumulative bytes on one figure.")
     p.add_argument("results_dirs", nargs="+", type=Path, help="results-dir of a run (holds metrics.json)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the figure to write (.png, .pdf, .svg)")
     p.add_argument("--metric", default="accuracy", help="a per-round metric, e.g. 'accuracy' or 'global-accuracy' (default: accuracy)")

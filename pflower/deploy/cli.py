@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pflower.deploy
+from pflower import help_text
 from pflower.deploy.certificates import make_pki
 from pflower.deploy.deployment import CONNECTION, Deployment, down
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the subcommand ``argv`` names; the exit status."""
-    p = argparse.ArgumentParser(prog="pflower-deploy", description=pflower.deploy.__doc__.split("\n\n")[0])
+    p = help_text.parser("pflower-deploy", pflower.deploy.__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a SuperLink and SuperNodes in the background")
     up.add_argument("--dir", type=Path, required=True, help="working folder: certificates, logs, state, FLWR_HOME")

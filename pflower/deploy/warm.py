@@ -54,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+from pflower import help_text
+
 #: What Flower's SuperExec runs for a ClientApp (``TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP]`` in
 #: flwr 1.39.0; tests/test_warm.py pins it).
 COMMAND = "flwr-clientapp"
@@ -804,7 +806,7 @@ def _preload(text: str) -> tuple[str, ...]:
 
 def parser() -> argparse.ArgumentParser:
     """``pflower-warm``'s arguments."""
-    p = argparse.ArgumentParser(prog="pflower-warm", description=__doc__.split("\n\n")[0])
+    p = help_text.parser("pflower-warm", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run CMD (a SuperNode or flower-superexec) with a fork server for its ClientApps")
     r.add_argument("--dir", type=Path, required=True, help="the node's private folder (mode 0700): shim and socket")
