@@ -75,6 +75,22 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def write_connection(path: Path, body: str) -> None:
+    """Set pflower-sim's connection (``[superlink.pflower-sim]``, ``body`` its keys) in a Flower
+    config.toml, keeping every other table and key of it (an exported FLWR_HOME holds the user's
+    own connections); SystemExit naming the file if it is not TOML."""
+    text = path.read_text() if path.is_file() else ""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SystemExit(f"pflower-sim: {path} is not TOML ({err}); fix it or set --flwr-home") from None
+    kept = re.sub(rf"(?ms)^\[superlink\.{re.escape(CONNECTION)}\][^\n]*\n.*?(?=^\[|\Z)", "", text).rstrip()
+    if "superlink" not in tomllib.loads(kept):
+        kept = f'[superlink]\ndefault = "{CONNECTION}"' + (f"\n\n{kept}" if kept else "")
+    path.write_text(f"{kept}\n\n[superlink.{CONNECTION}]\n{body}")
+    tomllib.loads(path.read_text())
+
+
 @contextmanager
 def simulation_superlink(flwr_home: Path) -> Iterator[int]:
     """A private SuperLink in simulation mode and its Ray head; yields its Control API port.
@@ -92,9 +108,7 @@ def simulation_superlink(flwr_home: Path) -> Iterator[int]:
 @contextmanager
 def _superlink(flwr_home: Path, extra_env: dict[str, str]) -> Iterator[int]:
     port = free_port()
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
+    write_connection(flwr_home / "config.toml", f'address = "127.0.0.1:{port}"\ninsecure = true\n')
     log = open(flwr_home / "superlink.log", "ab")
     cmd = [
         console_script("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
@@ -263,7 +277,7 @@ def submit(
 def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None) -> tuple[int, str]:
     """Run one simulation on a private SuperLink; returns (run id, final status)."""
     app = app.resolve()
-    flwr_home = (flwr_home or app / ".flwr").resolve()
+    flwr_home = (flwr_home or (Path(os.environ["FLWR_HOME"]) if os.environ.get("FLWR_HOME") else app / ".flwr")).expanduser().resolve()
     with simulation_superlink(flwr_home):
         run_id, status, _ = submit(app, flwr_home, run_config, num_clients, cpus, gpus)
         return run_id, status
@@ -294,7 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
                    help="GPU share per ClientApp: 0 (CPU only; the ClientApps see no GPU), a whole number, or 0.5, 0.25, 0.125, ...")  # fmt: skip
     p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
-    p.add_argument("--flwr-home", type=Path, default=None, help="FLWR_HOME (default: <app>/.flwr)")
+    p.add_argument(
+        "--flwr-home",
+        type=Path,
+        default=None,
+        help="FLWR_HOME (default: $FLWR_HOME if set, else <app>/.flwr); pflower-sim adds its connection to its config.toml, keeping the others",
+    )
     args = p.parse_args(argv)
     from pflower.check import is_pflower_app
 

@@ -360,3 +360,30 @@ def test_flower_and_ray_notes_that_do_not_apply_give_way_to_one_accurate_line():
     quiet = Quiet(10)
     shown = [out for line in log if (out := quiet(line)) is not None]
     assert shown == [log[0], "pflower-sim: 10 simulated clients (--num-clients)\n", log[7], log[8]]
+
+
+def test_an_exported_flwr_home_is_used_and_its_connections_kept(tmp_path, monkeypatch):
+    """pflower-sim used <app>/.flwr whatever FLWR_HOME said; it now uses an exported FLWR_HOME
+    (--flwr-home first) and adds its connection to that config.toml, keeping the user's own."""
+    import contextlib
+    import tomllib
+
+    from pflower import launcher as L
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "lab"\n\n[superlink.lab]\naddress = "10.0.0.1:9093"\ninsecure = true\n')
+    used = []
+    monkeypatch.setattr(L, "simulation_superlink", lambda h: (used.append(h), contextlib.nullcontext(0))[1])
+    monkeypatch.setattr(L, "submit", lambda app, h, *a, **k: (1, "finished:completed", ""))
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    L.simulate(tmp_path)
+    L.simulate(tmp_path, flwr_home=tmp_path / "given")
+    monkeypatch.delenv("FLWR_HOME")
+    L.simulate(tmp_path)
+    assert used == [home, tmp_path / "given", tmp_path / ".flwr"]
+    L.write_connection(home / "config.toml", 'address = "127.0.0.1:5555"\ninsecure = true\n')
+    L.write_connection(home / "config.toml", 'address = "127.0.0.1:6666"\ninsecure = true\n')  # the next run's port replaces it
+    assert tomllib.loads((home / "config.toml").read_text())["superlink"] == {
+        "default": "lab", "lab": {"address": "10.0.0.1:9093", "insecure": True}, "pflower-sim": {"address": "127.0.0.1:6666", "insecure": True}
+    }  # fmt: skip
