@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from pflower.bench import run_config_string  # noqa: E402
 from pflower.build import build_model  # noqa: E402
 from pflower.config import load_settings  # noqa: E402
-from pflower.datasets import client_data  # noqa: E402
+from pflower.datasets.federated import client_data  # noqa: E402
 from pflower.processes import process_tree  # noqa: E402
 from pflower.training import evaluate, train  # noqa: E402
 

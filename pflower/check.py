@@ -45,11 +45,13 @@ def unread(overrides: str) -> str | None:
 def unparsable(overrides: str) -> str | None:
     """Which ``key=value`` pair of ``overrides`` Flower's parser cannot read (its TOML: a bare
     word, ``.5``, a quote left open) or which key it is given twice, or None."""
+    import tomli  # Flower's own parser (TOML 1.1; the standard library's reads 1.0)
+
     seen: set[str] = set()
     for key, value in PAIR.findall(overrides):
         try:
-            tomllib.loads(f"{key} = {value}")
-        except tomllib.TOMLDecodeError:
+            tomli.loads(f"{key} = {value}")
+        except tomli.TOMLDecodeError:
             return f"{key}={value} is no TOML value (a string needs quotes: key='text'; a number digits both sides of '.': 0.5)"
         if key in seen:
             return f"{key} is given twice"

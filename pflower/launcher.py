@@ -44,7 +44,10 @@ class Quiet:
     """What pflower-sim prints of a run's log: Flower's and Ray's notes that do not apply to a
     pflower run (Flower's default federation size and the command to change it, where pflower-sim
     sets it with ``--num-clients``; Ray's FutureWarning about a setting pflower leaves as Flower
-    does) give way to one accurate line; every other line as it comes. The log itself keeps them."""
+    does; Ray's "Found multiple active Ray instances ... Connecting to latest cluster", where the
+    cluster is pflower-sim's own head, named by its private RAY_TMPDIR; Flower's "Manually
+    terminating ClientAppActor" as the run ends) give way to one accurate line or none; every
+    other line as it comes. The log itself keeps them."""
 
     FLOWER = (
         "Since flwr 1.32, default simulated SuperNodes changed",
@@ -52,6 +55,8 @@ class Quiet:
         "flwr federation simulation-config",
     )
     RAY = "FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator"
+    RAYS = "Found multiple active Ray instances"
+    ACTORS = "Manually terminating ClientAppActor"
 
     def __init__(self, num_clients: int | None):
         self.num_clients = num_clients
@@ -66,6 +71,10 @@ class Quiet:
             return None
         if self.num_clients is not None and "simulated SuperNodes)" in line and "Federation `" in line:
             return f"pflower-sim: {self.num_clients} simulated clients (--num-clients)\n"
+        if self.ACTORS in line:
+            return None
+        if self.RAYS in line and (head := re.search(r"Connecting to latest cluster at (\S+?)\.? ", line)):
+            return f"pflower-sim: other Ray instances run on this machine; this run uses its own Ray head at {head[1]}\n"
         return line
 
 

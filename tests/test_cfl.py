@@ -188,7 +188,7 @@ def test_a_cluster_splits_only_when_all_its_clients_replied_and_it_is_large_enou
     assert strategy.clusters == [[0, 1, 2, 3]]
 
 
-def test_a_client_away_blocks_no_split_and_joins_the_first_cluster_when_back():
+def test_a_client_away_blocks_no_split_and_joins_the_first_cluster_when_back(caplog):
     """Client 3 never answered (not in the federation's nodes): the other three's replies split
     the cluster; when 3 comes back it is in no cluster and joins the first."""
     strategy, x0 = _strategy(min_split_size=3)
@@ -197,6 +197,10 @@ def test_a_client_away_blocks_no_split_and_joins_the_first_cluster_when_back():
     assert strategy.clusters == [[0, 2], [1]]
     strategy.federation.node_of[3] = 103
     arrays = strategy.train_arrays(3, [1, 3])
+    left, x1 = _strategy(min_split_size=3)  # a client that left (still known): no split, and the log says why
+    with caplog.at_level(logging.INFO):
+        left.aggregate(2, [_reply(c, x1, (1, -1, 1)[c], 10) for c in (0, 1, 2)])
+    assert left.clusters == [[0, 1, 2, 3]] and "cluster [0, 1, 2, 3] may split only once all its clients reply; [3] did not" in caplog.text
     assert strategy.clusters == [[0, 2, 3], [1]] and arrays[3] is strategy.train_arrays(3, [0])[0]
 
 

@@ -150,12 +150,19 @@ def test_huggingface_plain_labels_and_array_images(tmp_path):
     assert torch.allclose(pool.x, _normalize(images.transpose(0, 3, 1, 2).copy()))
 
 
-@pytest.mark.parametrize("shape", [(3, 6, 6), (1, 6, 6), (3, 4, 4), (4, 5, 7)])
+@pytest.mark.parametrize("shape", [(3, 6, 6), (1, 6, 6), (4, 5, 7), (3, 8, 4), (1, 8, 3)])
 def test_huggingface_channels_first_arrays_are_read_as_channels_first(tmp_path, shape):
-    """Arrays kept as PyTorch keeps them, [C, H, W]: [3, 4, 4] was read as a 3x4 RGBA image and
-    refused ("3x3 images" for [3, 3, ...]); each is read with its channels, pixel for pixel."""
+    """Arrays kept as PyTorch keeps them, [C, H, W]: [3, 6, 6] was refused as [H, W, 6] images;
+    each is read with its channels, pixel for pixel. A shape that reads both ways ([3, 8, 4],
+    [1, 8, 3]) stays channels last, as it was read before (short channels-last images)."""
     import datasets
 
+    if shape[-1] in (1, 3, 4):  # channels last: [H, W, C] (too small for a model: the reader alone)
+        from pflower.datasets.huggingface import _images
+
+        images = np.random.default_rng(1).random((6, *shape)).astype(np.float32)
+        assert np.array_equal(_images(images, "pixels", 0), images[..., :3].transpose(0, 3, 1, 2))
+        return
     images = np.random.default_rng(1).random((6, *shape)).astype(np.float32)
     datasets.Dataset.from_dict({"pixels": images.tolist(), "animal": [0, 1] * 3}).save_to_disk(str(tmp_path / "d"))
     s = load_settings(run_config(dataset="huggingface", data_dir=str(tmp_path / "d"), hf_image_column="pixels", hf_label_column="animal", partition="iid"))

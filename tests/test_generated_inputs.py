@@ -216,10 +216,11 @@ BOMBS = {
     "nested shared labels": lambda n: pickle.dumps({**GOOD, "fine_labels": _nested(20 + n)}, protocol=2),
     "nested shared data": lambda n: pickle.dumps({**GOOD, "data": _nested(20 + n)}, protocol=2),
     "ndarray called": lambda n: _reduce_ndarray((2**15 + n, 2**15)),
-    "many arrays": lambda n: pickle.dumps({**GOOD, **{f"a{i}": np.zeros(8, np.uint8) for i in range(5 + n)}}, protocol=2),
+    "many arrays": lambda n: pickle.dumps({**GOOD, **{f"a{i}": np.zeros(8, np.uint8) for i in range(16 + n)}}, protocol=2),
     "object data": lambda n: pickle.dumps({**GOOD, "data": np.array([[object()] * 0] * 2, dtype=object).reshape(2, 0)}, protocol=2),
     "bytes claimed": lambda n: b"\x80\x04\x8e" + struct.pack("<Q", 2**33 + n) + b"abc",
     "label past int64": lambda n: pickle.dumps({**GOOD, "fine_labels": [0, 2**70 + n]}, protocol=2),
+    "bytes(n) called": lambda n: b"\x80\x02}(" + _op_str("data") + b"c__builtin__\nbytes\nJ" + struct.pack("<i", 2**30 + n) + b"\x85Ru.",
 }
 
 
@@ -236,18 +237,26 @@ def test_pickles_that_expand_are_refused_in_bounded_time_and_memory_naming_the_b
     assert bomb != "encode again and again" or "more bytes than the file holds" in message, message
 
 
-def test_the_batch_unpickler_still_reads_what_numpy_writes_in_every_protocol_it_admits(tmp_path):
-    """The guards admit numpy's own pickles (protocols 2 to 4; a Python 2 pickle's str data too)."""
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("fields", ["lists", "arrays", "empty test"])
+def test_the_batch_unpickler_still_reads_what_numpy_writes_in_every_protocol(tmp_path, protocol, fields):
+    """The guards admit numpy's own pickles: protocols 2 to 5 (5 is pickle.dump's default from
+    Python 3.14), every field as an array (a cut-down copy made with numpy: five arrays, refused
+    at a bound of 4), an empty split (protocol 2 calls bytes() for its empty data)."""
     from data_files import write_cifar100
 
     root = fresh(tmp_path)
     x, y = write_cifar100(root, n=6)
-    for protocol in (2, 3, 4):
-        for split, part in (("train", slice(0, 6)), ("test", slice(6, 12))):
-            entry = {"data": x[part].reshape(6, -1), "fine_labels": y[part].tolist()}
-            (root / "cifar-100-python" / split).write_bytes(pickle.dumps(entry, protocol=protocol))
-        got_x, got_y = load(root, "CIFAR100")[:2]
-        assert np.array_equal(got_x, x) and got_y.tolist() == y.tolist()
+    for split, part in (("train", slice(0, 6)), ("test", slice(6, 6 if fields == "empty test" else 12))):
+        n = part.stop - part.start
+        entry = {"data": x[part].reshape(n, 3072), "fine_labels": y[part].tolist(), "coarse_labels": (y[part] // 5).tolist(),
+                 "filenames": [f"{i}.png".encode() for i in range(n)], "batch_label": f"{split} batch"}  # fmt: skip
+        if fields == "arrays":
+            entry = {k: np.asarray(v) for k, v in entry.items()}
+        (root / "cifar-100-python" / split).write_bytes(pickle.dumps(entry, protocol=protocol))
+    got_x, got_y = load(root, "CIFAR100")[:2]
+    keep = 6 if fields == "empty test" else 12
+    assert np.array_equal(got_x, x[:keep]) and got_y.tolist() == y[:keep].tolist()
 
 
 # ------------------------------------------------------------------------ -c strings
@@ -309,3 +318,15 @@ def test_c_strings_run_exactly_what_was_typed_or_are_refused_naming_the_pair(pai
         assert parse_config_args([text]) == pairs  # what Flower runs is what was typed
     else:
         assert problem is not None and "\n" not in problem and key in problem, (text, problem)
+
+
+@pytest.mark.parametrize("text", ["fedprox={mu=0.1,}", 'results-dir="r\\e"', "seed=1_000 lr=+0.5 x.y.z=1 \"k\".v=true dataset='a=b c'"])
+def test_c_strings_flower_reads_are_never_refused(text):
+    """Flower parses -c with tomli (TOML 1.1: trailing commas in inline tables, \\e); the check
+    read each pair with the standard library's TOML 1.0 and refused what flwr run accepts."""
+    from flwr.common.config import parse_config_args
+
+    from pflower.check import unparsable, unread
+
+    parse_config_args([text])
+    assert unread(text) is None and unparsable(text) is None

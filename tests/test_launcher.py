@@ -354,12 +354,18 @@ def test_flower_and_ray_notes_that_do_not_apply_give_way_to_one_accurate_line():
         "  warnings.warn(\n",
         "\x1b[92mINFO \x1b[0m:      Clients: 10 (ids 0..9)\n",
         "  warnings.warn(\n",
+        "2026-12-06 14:00:01,123\tWARNING services.py:433 -- Found multiple active Ray instances: {'10.0.0.2:6379', '127.0.0.1:41234'}. "
+        "Connecting to latest cluster at 127.0.0.1:41234. You can override this by setting the `--address` flag or `RAY_ADDRESS` environment variable.\n",
+        "\x1b[36m(ClientAppActor pid=1017)\x1b[0m \x1b[93mWARNING \x1b[0m:   Manually terminating ClientAppActor\n",
     ]
     from pflower.launcher import Quiet
 
     quiet = Quiet(10)
     shown = [out for line in log if (out := quiet(line)) is not None]
-    assert shown == [log[0], "pflower-sim: 10 simulated clients (--num-clients)\n", log[7], log[8]]
+    assert shown == [
+        log[0], "pflower-sim: 10 simulated clients (--num-clients)\n", log[7], log[8],
+        "pflower-sim: other Ray instances run on this machine; this run uses its own Ray head at 127.0.0.1:41234\n",
+    ]  # fmt: skip
 
 
 def test_an_exported_flwr_home_is_used_and_its_connections_kept(tmp_path, monkeypatch):

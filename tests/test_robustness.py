@@ -466,3 +466,37 @@ def test_a_client_that_never_answered_blocks_no_cluster_split_and_no_federico_pl
     doc = json.loads((tmp_path / "f" / "metrics.json").read_text())
     assert all("malformed" not in row["rejected"] for row in doc["rounds"]), [row["rejected"] for row in doc["rounds"]]
     assert strategy.federation.trained == {0: 3, 1: 3, 2: 3}  # every client here finished every round
+
+
+def test_a_restarted_node_of_a_mixed_federation_takes_its_client_id_back(tmp_path):
+    """Three pflower nodes (num-partitions 3) and one without a query handler: the federation has
+    4 clients. Node 101 restarts as node 201, stating 3 as before: it was refused ('it says the
+    federation has 3 clients, where it has 4') and client 1's messages went to the dead node."""
+    import importlib.util
+
+    from conftest import ROOT
+    from flwr.app import Context, RecordDict
+
+    from pflower.client_app.app import app
+
+    spec = importlib.util.spec_from_file_location("quickstart_client_app", ROOT / "examples" / "quickstart" / "client_app.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+
+    def mixed(msg, context):
+        return (quickstart.app if context.node_id == 103 else app)(msg, context)
+
+    cfg = run_config(method="fedavg", num_server_rounds=1, local_epochs=1, results_dir=str(tmp_path))
+    strategy = build_strategy(load_settings(cfg))
+    grid = InProcessGrid(mixed, cfg, 4, node_configs={3: {"num-partitions": 3}})
+    grid.contexts[103].node_config["num-partitions"] = 3
+    for node in (100, 101, 102):
+        grid.contexts[node].node_config["num-partitions"] = 3
+    strategy.connect(grid, timeout=5)
+    federation = strategy.federation
+    assert federation.ids == [0, 1, 2, 3] and federation.num_clients == 4 and federation.stateless == {3}
+    federation.fixed = True
+    grid.contexts[201] = Context(1, 201, dict(grid.contexts[101].node_config), RecordDict(), dict(cfg))
+    grid.offline.add(101)
+    federation.query_new_nodes(grid, 5)
+    assert federation.node_of[1] == 201 and 201 not in federation.refused

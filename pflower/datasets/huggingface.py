@@ -145,9 +145,9 @@ def _images(batch: Any, column: str, first: int, declared: np.dtype | None = Non
     """A batch of the image column as float32 [n, C, H, W] in [0, 1].
 
     Decoded images are [H, W, channels]. Arrays may also be channels first, as PyTorch keeps
-    them: [C, H, W] with C 1, 3 or 4 and a last dimension that is no channel count, or a larger
-    one ([3, 32, 32], [3, 4, 4]), is read so (it was read as [H, W, RGBA] and refused as
-    3x4 images).
+    them: [C, H, W] with C 1, 3 or 4 and a last dimension that is no channel count ([3, 32, 32],
+    [1, 28, 28]) is read so (it was refused as [H, W, 32] images). A shape both ways could
+    read ([3, 8, 4], [1, 8, 3]) is read channels last, as Hugging Face's image arrays are.
 
     The scale follows the column's type (``declared``, else the batch's), never its values:
     uint8 and other integers are 0-255, uint16 is 0-65535, floats are [0, 1]. A value outside
@@ -160,7 +160,7 @@ def _images(batch: Any, column: str, first: int, declared: np.dtype | None = Non
         raise DataError(f"column {column!r}: the images from row {first} on differ in size or channels, or are not arrays; one size per data set") from None
     if a.ndim == 3:
         a = a[:, :, :, None]
-    if not decoded and a.ndim == 4 and a.shape[1] in (1, 3, 4) and (a.shape[-1] not in (1, 3, 4) or a.shape[1] < a.shape[-1]):
+    if not decoded and a.ndim == 4 and a.shape[1] in (1, 3, 4) and a.shape[-1] not in (1, 3, 4):
         a = a.transpose(0, 2, 3, 1)  # channels first
     if a.ndim != 4 or a.shape[-1] not in (1, 3, 4):
         raise DataError(f"column {column!r}: rows from {first} on are {a.shape[1:]}, not images [H, W], [H, W, channels] or [channels, H, W]")

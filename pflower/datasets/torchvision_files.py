@@ -94,11 +94,13 @@ class _BatchUnpickler(pickle.Unpickler):
 
     What it builds is bounded by the file: ``_codecs.encode`` may turn out no more bytes in all
     than the file holds (one string encoded again and again asked for 9 GiB), and at most
-    :attr:`MAX_ARRAYS` arrays are made, each filled from bytes the file holds.
+    :attr:`MAX_ARRAYS` arrays are made, each from bytes the file holds (protocol 5's
+    ``_frombuffer`` views them; ``bytes()`` only makes the empty bytes of an empty array).
     """
 
-    MAX_ARRAYS = 4  # a batch holds one ('data')
+    MAX_ARRAYS = 16  # a batch holds one ('data'); a cut-down copy may hold each field as an array
     RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
+    FROMBUFFER = {("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer")}
 
     def __init__(self, file, size: int):
         super().__init__(file, encoding="latin1")
@@ -107,6 +109,10 @@ class _BatchUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in self.RECONSTRUCT:
             return self._reconstruct
+        if (module, name) in self.FROMBUFFER:
+            return self._frombuffer
+        if (module, name) in {("builtins", "bytes"), ("__builtin__", "bytes")}:
+            return _no_bytes
         if (module, name) == ("numpy", "ndarray"):
             return _NDArray
         if (module, name) == ("numpy", "dtype"):
@@ -115,12 +121,24 @@ class _BatchUnpickler(pickle.Unpickler):
             return self._encode
         raise pickle.UnpicklingError(f"refers to {module}.{name}, which CIFAR's batches never hold (a pickle that runs code?)")
 
+    def _count(self) -> None:
+        self.arrays += 1
+        if self.arrays > self.MAX_ARRAYS:
+            raise pickle.UnpicklingError(f"makes more than {self.MAX_ARRAYS} arrays; a CIFAR batch holds one")
+
     def _reconstruct(self, subtype, shape, typecode) -> np.ndarray:
         """numpy's own ``_reconstruct(ndarray, (0,), b'b')``: an empty array the next BUILD fills."""
-        self.arrays += 1
-        if subtype is not _NDArray or self.arrays > self.MAX_ARRAYS:
-            raise pickle.UnpicklingError(f"makes more than {self.MAX_ARRAYS} arrays or an array of another type; a CIFAR batch holds one")
+        self._count()
+        if subtype is not _NDArray:
+            raise pickle.UnpicklingError("makes an array of another type than numpy's ndarray")
         return np.ndarray((0,), np.uint8)
+
+    def _frombuffer(self, buffer, dtype, shape, order) -> np.ndarray:
+        """numpy's protocol-5 ``_frombuffer``: an array over bytes the file holds (numpy checks the size)."""
+        self._count()
+        if not isinstance(buffer, bytes | bytearray) or not isinstance(dtype, np.dtype) or dtype.hasobject:
+            raise pickle.UnpicklingError("makes an array of something other than the file's bytes")
+        return np.frombuffer(buffer, dtype).reshape(shape, order=order)
 
     def _encode(self, text, encoding: str = "utf-8") -> bytes:
         if not isinstance(text, str) or encoding != "latin1":
@@ -148,6 +166,13 @@ def _scan(data: bytes) -> None:
                 raise pickle.UnpicklingError(f"holds more than {MAX_OPCODES:,} opcodes; a CIFAR batch holds about 250,000")
     except ValueError as err:  # a length past the end, an unknown opcode
         raise pickle.UnpicklingError(str(err)) from None
+
+
+def _no_bytes(*args) -> bytes:
+    """``bytes()``, as a protocol-2 pickle of an empty array calls it; ``bytes(n)`` would allocate n."""
+    if args:
+        raise pickle.UnpicklingError("calls bytes() with arguments (it would allocate them); numpy's pickles call it with none")
+    return b""
 
 
 def _labels(value, path: Path, key: str) -> np.ndarray:

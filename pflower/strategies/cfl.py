@@ -191,8 +191,11 @@ class ClusteredFL(TrainRounds):
                 continue
             updates = self.update_spec.stack((r.arrays for r in got), torch.float64) - self.update_spec.flatten(model).double()
             weights = torch.tensor([float(r.num_examples) for r in got], dtype=torch.float64)
-            here = [c for c in members if c in self.federation.node_of]  # a client that never answered, or left, blocks no split
+            here = [c for c in members if c in self.federation.node_of]  # a client that never answered blocks no split
             may_split = server_round > self.warmup_rounds and len(got) == len(here) and len(here) >= self.min_split_size
+            if server_round > self.warmup_rounds and len(here) >= self.min_split_size and len(got) < len(here):
+                away = sorted(set(here) - {r.client_id for r in got})
+                log(INFO, "Clustered FL, round %d: cluster %s may split only once all its clients reply; %s did not", server_round, members, away)
             record, parts = split_check(updates, weights, eps1=self.eps1, eps2=self.eps2, gamma_max=self.gamma_max, may_split=may_split)
             groups = [got] if parts is None else [[got[i] for i in part] for part in parts]
             if parts is not None:

@@ -240,7 +240,7 @@ class Federation:
         identity = reply.content.config_records.get(IDENTITY)
         if r.client_id in claimed:
             return self._refuse(node, r.client_id, f"node {self.node_of[r.client_id]} answered as client {r.client_id} too (two nodes with one partition-id)")
-        if self.fixed and (n_clients > self.num_clients or (identity is None and n_clients != self.num_clients)):
+        if self.fixed and (n_clients > self.num_clients or (identity is None and self.stated and n_clients != self._agreed_size())):
             return self._refuse(node, r.client_id, f"it says the federation has {n_clients} clients, where it has {self.num_clients}")
         if identity is not None:
             shape, names = tuple(int(d) for d in identity.get("shape", [])), tuple(str(n) for n in identity.get(CLASS_NAMES, []))
