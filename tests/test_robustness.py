@@ -500,3 +500,14 @@ def test_a_restarted_node_of_a_mixed_federation_takes_its_client_id_back(tmp_pat
     grid.offline.add(101)
     federation.query_new_nodes(grid, 5)
     assert federation.node_of[1] == 201 and 201 not in federation.refused
+
+
+def test_pfedla_gives_no_weight_to_a_client_that_never_answered(tmp_path):
+    """Client 3's node never answered: its model stayed the initial one, and after 4 rounds the
+    others' weights put 0.16-0.23 of every layer on it. They put none."""
+    cfg = {**run_config(method="pfedla", num_server_rounds=2, local_epochs=1, samples_per_client=60), "results-dir": str(tmp_path), "round-timeout": 2.0}
+    strategy = build_strategy(load_settings(cfg))
+    strategy.start(grid=InProcessGrid(_away(103), cfg, 4))
+    alpha = strategy.hn.alpha(torch.arange(3))  # [3 clients, layers, 4]
+    assert strategy.federation.ids == [0, 1, 2] and float(alpha[:, :, 3].abs().max()) == 0.0
+    assert torch.allclose(alpha.sum(-1), torch.ones(alpha.shape[:2]))

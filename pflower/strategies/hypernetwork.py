@@ -52,6 +52,9 @@ class HyperNetworks:
 
     params: dict[str, torch.Tensor]
     keys: torch.Tensor  # [N, k], fixed
+    #: [N] bool: clients that are not in the federation (a node that never answered): no weight
+    #: goes to their models, which never trained. None: every client is there.
+    absent: torch.Tensor | None = None
 
     @classmethod
     def create(cls, num_clients: int, num_layers: int, emb_dim: int, hidden: int, key_dim: int, seed: int, head_start: str = "sum-1") -> HyperNetworks:
@@ -97,6 +100,8 @@ class HyperNetworks:
             x = F.relu(torch.einsum("sd,sdh->sh", x, p[w]) + p[b])
         q = torch.einsum("sh,slhk->slk", x, p["hw"]) + p["hb"]  # [S, L, k]
         a = F.relu(q @ self.keys.T)  # [S, L, N]
+        if self.absent is not None:
+            a = a.masked_fill(self.absent, 0.0)
         total = a.sum(-1, keepdim=True)
         return torch.where(total > 0, a / total.clamp_min(1e-12), self_weights(ids, a))
 

@@ -110,8 +110,17 @@ class PFedLA(PersonalModels):
                     retained[cid] = mask[r]
         return records, retained
 
+    def _mask_absent(self) -> None:
+        """Give no weight to the models of clients not in the federation (a node that never
+        answered: its model is the initial one, and the weights learned to take up to a fifth of
+        it); none while the federation names no client (the strategy used on its own)."""
+        here = self.federation.node_of
+        absent = [c for c in range(self.num_clients) if c not in here] if here else []
+        self.hn.absent = torch.isin(torch.arange(self.num_clients), torch.tensor(absent)) if absent else None
+
     def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:
         """Every sampled client's bar_theta_i, from this round's snapshot of ``theta``."""
+        self._mask_absent()
         records, self.retained_in_training = self.personalized(ids)
         self.unsynced |= set(ids)  # until their replies are accepted
         return records
@@ -121,6 +130,7 @@ class PFedLA(PersonalModels):
         now, built a chunk at a time as they are sent: the weights and models stay as they are
         until the next round's replies, and the clients unsynced are those of now."""
         unsynced = frozenset(self.unsynced)
+        self._mask_absent()
         return LazyRecords(ids, lambda part: self.personalized(part, unsynced)[0])
 
     def _retained_mask(self, ids: Sequence[int]) -> torch.Tensor:
@@ -142,6 +152,7 @@ class PFedLA(PersonalModels):
         """The replying clients' updates against what they were sent, their trained models into
         ``theta``, then the hypernetwork steps at the kept models."""
         updates = []
+        self._mask_absent()
         for part in chunks(replies) if self.hn_lr > 0 else ():
             ids = [r.client_id for r in part]
             updates.append((ids, self.spec.stack(r.arrays for r in part) - self.sent(ids)))
