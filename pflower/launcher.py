@@ -326,12 +326,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from pflower.check import is_pflower_app
 
-    if is_pflower_app(args.app) and (why := _check_apart(args.app, args.run_config, args.num_clients)) is not None:
-        print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
-        return 2
+    started = time.monotonic()
+    if is_pflower_app(args.app):
+        print("pflower-sim: checking the run config and the data every client will open ...", flush=True)
+        if (why := _check_apart(args.app, args.run_config, args.num_clients)) is not None:
+            print(f"pflower-sim: {why}", file=sys.stderr)  # before any SuperLink, Ray or ServerApp starts
+            return 2
     if why := resources_problem(args.cpus_per_client, args.gpus_per_client):
         print(f"pflower-sim: {why}", file=sys.stderr)
         return 2
+    print(f"pflower-sim: {'checked in %.0f s; ' % (time.monotonic() - started) if is_pflower_app(args.app) else ''}"
+          "starting a SuperLink and a Ray head, then the run (its log follows) ...", flush=True)  # fmt: skip
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     run_id, status = simulate(args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home)
     print(f"run {run_id}: {status}", flush=True)

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.app import Context, Error, Message, Metadata, RecordDict
 from flwr.common.config import flatten_dict
@@ -21,8 +22,38 @@ ROOT = Path(__file__).resolve().parents[1]
 #: in ``cifar10-jpg``): ``$PFLOWER_TEST_DATA``, else the ``shared/data`` beside the checkout.
 DATA_ROOT = Path(os.environ.get("PFLOWER_TEST_DATA") or ROOT.parent / "shared" / "data")
 MNIST_DIR = DATA_ROOT / "mnist"
-#: Why a test that reads MNIST skips, and how to get it.
+#: Why a test that reads MNIST's own files skips, and how to get them.
 NO_MNIST = f"no MNIST in {MNIST_DIR}: `pflower-data mnist --root {DATA_ROOT}` fetches it (or set PFLOWER_TEST_DATA to a data root that has it)"
+
+
+def digits_as_mnist(folder: Path) -> Path:
+    """MNIST's test files (``t10k-*-ubyte``) made of scikit-learn's embedded digits (1,797, 10
+    classes), each 8x8 image scaled to 24x24 and placed in a 28x28 frame at 4 offsets (7,188
+    images, about 720 a class): real, learnable digits in MNIST's format, for the tests that need
+    MNIST-like files where no MNIST is (a fresh clone anywhere)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    scaled = np.kron(digits.images / 16.0, np.ones((3, 3)))  # 24x24
+    framed = [np.pad(scaled, ((0, 0), (top, 4 - top), (left, 4 - left))) for top, left in ((2, 2), (1, 3), (3, 1), (0, 4))]
+    images = (np.concatenate(framed) * 255).round().astype(np.uint8)
+    labels = np.tile(digits.target, len(framed)).astype(np.uint8)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, arr in (("t10k-images-idx3-ubyte", images), ("t10k-labels-idx1-ubyte", labels)):
+        (folder / name).write_bytes(bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape) + arr.tobytes())
+    return folder
+
+
+def mnist_like(tmp_path_factory) -> Path:
+    """MNIST's folder where there is one, else :func:`digits_as_mnist` in a temporary folder."""
+    return MNIST_DIR if MNIST_DIR.is_dir() else digits_as_mnist(tmp_path_factory.mktemp("mnist-like"))
+
+
+@pytest.fixture(scope="session")
+def mnist_dir(tmp_path_factory) -> Path:
+    return mnist_like(tmp_path_factory)
+
+
 DEFAULTS = flatten_dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
 
 #: The suite compares runs with references it computes on the CPU (in process at rel=1e-5 and

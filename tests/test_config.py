@@ -1,7 +1,7 @@
 """Run-config validation: pyproject defaults are valid, every error names key, value and rule."""
 
 import pytest
-from conftest import DEFAULTS, MNIST_DIR, NO_MNIST, run_config
+from conftest import DEFAULTS, run_config
 
 from pflower.config import ConfigError, known_keys, load_settings
 
@@ -111,10 +111,9 @@ def test_cross_key_rules():
     assert load_settings(run_config(pfedla__hn_lr=0.0)).params.hn_lr == 0.0  # frozen hypernetworks: the ablation
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
-def test_valid_mnist_config():
-    s = load_settings(run_config(dataset="mnist", data_dir=str(MNIST_DIR), lr=0.01))
-    assert s.lr == 0.01 and s.data_path == MNIST_DIR.resolve() and s.image_shape == (1, 28, 28)
+def test_valid_mnist_config(mnist_dir):
+    s = load_settings(run_config(dataset="mnist", data_dir=str(mnist_dir), lr=0.01))
+    assert s.lr == 0.01 and s.data_path == mnist_dir.resolve() and s.image_shape == (1, 28, 28)
 
 
 @pytest.mark.parametrize(

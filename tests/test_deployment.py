@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import MNIST_DIR, NO_MNIST, ROOT, faulty_app, run_config
+from conftest import MNIST_DIR, ROOT, faulty_app, mnist_like, run_config
 
 from pflower.datasets.node import parse_groups, write_node_folders
 from pflower.deploy import Deployment
@@ -71,10 +71,11 @@ def deployment(tmp_path_factory):
     ignore it); the SuperLink, and the ServerApp it starts, see neither those folders nor the
     shared data sets."""
     root = tmp_path_factory.mktemp("node-data")
-    dirs = write_node_folders(MNIST_DIR, root, NODE_CLASSES, per_class=80) if MNIST_DIR.is_dir() else ()
-    hide = [root] + ([MNIST_DIR.parent] if MNIST_DIR.is_dir() else [])
+    mnist = mnist_like(tmp_path_factory)
+    dirs = write_node_folders(mnist, root, NODE_CLASSES, per_class=80)
+    hide = [root, MNIST_DIR.parent if mnist == MNIST_DIR else mnist]  # the shared data sets, or the digits made here
     with _deployment(tmp_path_factory, dirs, hide, warm={0, 1}) as dep:
-        dep.node_data_root = root
+        dep.node_data_root, dep.mnist = root, mnist
         wait_ready(dep)
         yield dep
 
@@ -129,7 +130,6 @@ def test_supernode_with_an_unregistered_key_is_refused(deployment, tmp_path):
 
 
 @DEPLOYMENT
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deployment, tmp_path):
     """dataset='node', TLS and SuperNode authentication on: each SuperNode trains on its own folder
     (other classes each), the SuperLink's view has no data at all, a fourth node whose images
@@ -139,8 +139,8 @@ def test_nodes_bring_their_own_data_over_tls_and_the_superlink_sees_none(deploym
     assert deployment.net is not None and deployment.link_address.startswith("10.77.")
     statuses = deployment.node_statuses()
     assert [statuses[i] for i in range(3)] == ["online"] * 3
-    assert deployment.view_of_link(deployment.node_data_root) == [] and deployment.view_of_link(MNIST_DIR) == []
-    (odd,) = write_node_folders(MNIST_DIR, tmp_path / "odd", [["1", "2"]], per_class=20, image_size=14)
+    assert deployment.view_of_link(deployment.node_data_root) == [] and deployment.view_of_link(deployment.mnist) == []
+    (odd,) = write_node_folders(deployment.mnist, tmp_path / "odd", [["1", "2"]], per_class=20, image_size=14)
     deployment.add_node(3, f'partition-id=3 num-partitions=4 data-dir="{odd}"')
     deployment.wait_status(3, {"online"}, 120)
     for method in ("pfedla", "fedavg"):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MNIST_DIR, NO_MNIST, ROOT
+from conftest import ROOT, mnist_like
 
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.xdist_group("docker")]
 
@@ -82,9 +82,9 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def env(engine):
+def env(engine, tmp_path_factory):
     venv = ROOT / ".venv" / "bin"
-    return {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "MNIST": str(MNIST_DIR), "PFLOWER_WHEELS": engine,
+    return {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "MNIST": str(mnist_like(tmp_path_factory)), "PFLOWER_WHEELS": engine,
             "FLWR_HOME": str(ROOT / "docker" / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}  # fmt: skip
 
@@ -132,7 +132,6 @@ def _node_status(env: dict, node_id: str) -> str:
     return next((n["status"] for n in nodes if str(n["node-id"]) == node_id), "unknown")
 
 
-@pytest.mark.skipif(not MNIST_DIR.is_dir(), reason=NO_MNIST)
 def test_readme_docker_demo_insecure_tls_restart_and_down(env, tmp_path):
     blocks = readme_blocks()
     assert set(blocks) >= {"setup", "insecure", "tls", "inspect", "down"}, sorted(blocks)

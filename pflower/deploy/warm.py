@@ -51,10 +51,9 @@ import stat
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
-
-from pflower import help_text
 
 #: What Flower's SuperExec runs for a ClientApp (``TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP]`` in
 #: flwr 1.39.0; tests/test_warm.py pins it).
@@ -804,9 +803,17 @@ def _preload(text: str) -> tuple[str, ...]:
     return names
 
 
+class _Plain(argparse.RawDescriptionHelpFormatter):
+    """The description without its reST literals, wrapped between words (this module imports the
+    standard library only, so not :mod:`pflower.help_text`, which does the same for the others)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.replace("``", "").split()), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def parser() -> argparse.ArgumentParser:
     """``pflower-warm``'s arguments."""
-    p = help_text.parser("pflower-warm", __doc__)
+    p = argparse.ArgumentParser(prog="pflower-warm", description=__doc__.split("\n\n")[0], formatter_class=_Plain)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run CMD (a SuperNode or flower-superexec) with a fork server for its ClientApps")
     r.add_argument("--dir", type=Path, required=True, help="the node's private folder (mode 0700): shim and socket")
