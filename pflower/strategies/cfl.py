@@ -91,8 +91,22 @@ def split_check(
 
 
 class ClusteredFL(TrainRounds):
-    """ε₁ ``eps1``, ε₂ ``eps2``, γ_max ``gamma_max``, ``warmup_rounds``, ``min_split_size`` and
-    :class:`TrainRounds`' keywords; the initial arrays are the model every cluster starts from."""
+    """Clustered FL's server; the initial arrays are the model every cluster starts from.
+
+    Parameters
+    ----------
+    eps1 : float (default: 0.4)
+        ε₁: a cluster may split only when the norm of its mean update is below this.
+    eps2 : float (default: 1.0)
+        ε₂: ... and only when its largest client update is above this.
+    gamma_max : float (default: 0.0)
+        γ_max: a split is made only if √((1 − α_cross)/2) exceeds it (0: any split).
+    warmup_rounds : int (default: 0)
+        No cluster splits in the first this many rounds.
+    min_split_size : int (default: 3)
+        A cluster splits only if it has at least this many clients.
+    **kwargs
+        :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 
     def __init__(self, *, eps1: float = 0.4, eps2: float = 1.0, gamma_max: float = 0.0, warmup_rounds: int = 0, min_split_size: int = 3, **kwargs):
         super().__init__(**kwargs)

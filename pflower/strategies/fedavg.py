@@ -44,18 +44,31 @@ def robust_average(stacked: torch.Tensor, aggregation: str, trim_fraction: float
 class FedAvg(TrainRounds):
     """Sample-weighted average of the uploaded (and released) arrays, one matrix product per round.
 
-    Built with keyword arguments like Flower's ``FedAvg``: ``aggregation`` ('mean',
-    'median', 'trimmed-mean'), ``trim_fraction``, ``sharing`` (gradual sharing's schedule; None
-    shares every array every round), and :class:`TrainRounds`' and :class:`PflStrategy`'s.
-    The global model is the ``initial_arrays`` given to :meth:`start`, averaged each round.
+    Built with keyword arguments like Flower's ``FedAvg``. The global model is the
+    ``initial_arrays`` given to :meth:`start`, averaged each round.
+
+    Parameters
+    ----------
+    aggregation : str (default: "mean")
+        ``mean`` (sample-weighted), ``median`` or ``trimmed-mean`` (coordinate-wise, unweighted).
+    trim_fraction : float or None (default: None, which is 0.2)
+        ``trimmed-mean``: share cut at each end, in [0, 0.5); refused with another ``aggregation``.
+    sharing : GradualSharing or None (default: None)
+        Gradual sharing's schedule (the double head); None shares every array every round.
+    **kwargs
+        :class:`~pflower.strategies.loop.TrainRounds`' and :class:`~pflower.strategies.loop.PflStrategy`'s parameters.
     """
 
-    def __init__(self, *, aggregation: str = "mean", trim_fraction: float = 0.2, sharing: GradualSharing | None = None, **kwargs):
+    def __init__(self, *, aggregation: str = "mean", trim_fraction: float | None = None, sharing: GradualSharing | None = None, **kwargs):
         super().__init__(**kwargs)
         if aggregation not in ("mean", "median", "trimmed-mean"):
             raise ValueError(f"aggregation={aggregation!r} must be 'mean', 'median' or 'trimmed-mean'")
+        if trim_fraction is not None and aggregation != "trimmed-mean":
+            raise ValueError(f"trim_fraction={trim_fraction} applies to aggregation='trimmed-mean' only (aggregation={aggregation!r})")
+        if trim_fraction is not None and not 0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction={trim_fraction} must be in [0, 0.5)")
         self.aggregation = aggregation
-        self.trim_fraction = trim_fraction
+        self.trim_fraction = 0.2 if trim_fraction is None else trim_fraction
         self.sharing = sharing
         self.dtypes: dict[str, torch.dtype] = {}
         self.global_state: dict[str, torch.Tensor] = {}
@@ -66,7 +79,8 @@ class FedAvg(TrainRounds):
     def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> FedAvg:
         s = settings
         sharing = GradualSharing.of(model, upload_keys, s.gradual_interval)
-        strategy = cls(**cls.common_kwargs(s), aggregation=s.aggregation, trim_fraction=s.trim_fraction, sharing=sharing)
+        trim = {"trim_fraction": s.trim_fraction} if s.aggregation == "trimmed-mean" else {}
+        strategy = cls(**cls.common_kwargs(s), aggregation=s.aggregation, sharing=sharing, **trim)
         strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
         return strategy
 

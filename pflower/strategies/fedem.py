@@ -35,7 +35,12 @@ def component_weights(replies: list[Reply], components: int) -> torch.Tensor:
 
 
 class FedEM(FedAvg):
-    """:class:`FedAvg` whose mean weighs each component by the clients' n_t π_tk."""
+    """:class:`FedAvg` whose mean weighs each component by the clients' n_t π_tk.
+
+    Parameters
+    ----------
+    **kwargs
+        :class:`~pflower.strategies.fedavg.FedAvg`'s parameters."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

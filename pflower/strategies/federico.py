@@ -40,7 +40,15 @@ RELAY = "train.relay"
 
 
 class FedericoRelay(PflStrategy):
-    """The relay (see the module docstring); ``view_size`` bounds a shuffle buffer's length."""
+    """FedeRiCo's relay (see the module docstring): the server only passes messages on.
+
+    Parameters
+    ----------
+    view_size : int (default: 4)
+        Peers in each client's partial view: it bounds a shuffle buffer's length.
+    **kwargs
+        :class:`~pflower.strategies.loop.PflStrategy`'s parameters.
+    """
 
     STATEFUL_CLIENTS = True
 

@@ -24,7 +24,16 @@ from pflower.strategies.validation import Rejected, Reply
 
 
 class FedFomo(PersonalModels):
-    """Keyword arguments ``m``, ``epsilon`` and :class:`~pflower.strategies.personal.PersonalModels`'."""
+    """FedFomo's server: each sampled client gets ``m`` other clients' models, chosen by affinity.
+
+    Parameters
+    ----------
+    m : int (default: 5)
+        Other clients' models the server sends each sampled client.
+    epsilon : float (default: 0.3)
+        Per model slot, the probability of a random client instead of the highest affinity.
+    **kwargs
+        :class:`~pflower.strategies.personal.PersonalModels`' parameters."""
 
     STATEFUL_CLIENTS = True  # its clients weigh the models they get against their own
 

@@ -9,6 +9,14 @@ from pflower.strategies.validation import Reply
 
 
 class Local(TrainRounds):
+    """Local training: each sampled client trains its own model; nothing is averaged.
+
+    Parameters
+    ----------
+    **kwargs
+        :class:`~pflower.strategies.loop.TrainRounds`' parameters.
+    """
+
     STATEFUL_CLIENTS = True
 
     def train_arrays(self, server_round: int, ids: list[int]) -> dict[int, ArrayRecord]:

@@ -73,6 +73,31 @@ class PflStrategy(Strategy):
     ``STATEFUL_CLIENTS``: the method needs clients that keep their own model between rounds
     (pflower's ClientApp, which answers the identity query); others also work with ClientApps
     that only train and evaluate what they are sent.
+
+    Parameters
+    ----------
+    fraction_evaluate : float (default: 1.0)
+        Share of clients sampled for evaluation in a round that evaluates, in (0, 1]; every
+        client evaluates in the last round.
+    evaluate_every : int (default: 1)
+        Evaluate every this many rounds (and always the last).
+    single_message : bool (default: True)
+        A round's evaluation rides on the next round's training message (the same metrics as
+        False, which sends evaluations in a phase of their own; half the messages).
+    min_replies : int (default: 1)
+        A round with fewer valid training replies stops the run, naming each client's problem.
+    round_timeout : float (default: 600.0)
+        Seconds to wait for the replies of one phase.
+    max_update_norm : float (default: 0.0)
+        Reject a training reply whose update has a larger L2 norm; 0: no bound.
+    max_examples_factor : float (default: 2.0)
+        Reject a reply whose ``num-examples`` exceeds this times what the client reported before.
+    seed : int (default: 0)
+        Seeds client sampling (and, in pflower's run config, the model and the data).
+    results_dir : str or Path or None (default: None)
+        Where metrics.json, the figures and a checkpoint a round go; None: nowhere.
+    run_config : Mapping or None (default: None)
+        The run config metrics.json records.
     """
 
     STATEFUL_CLIENTS = False
@@ -393,6 +418,13 @@ class TrainRounds(PflStrategy):
     once), which arrays a reply must carry (:meth:`upload_spec_for`), what a client started
     from (:meth:`update_reference`, for ``max-update-norm``) and how valid replies update the
     server state (:meth:`aggregate`). Every reply passes the gate first.
+
+    Parameters
+    ----------
+    fraction_train : float (default: 1.0)
+        Share of clients sampled for training each round, in (0, 1].
+    **common
+        :class:`PflStrategy`'s parameters.
     """
 
     def __init__(self, *, fraction_train: float = 1.0, **common):

@@ -60,9 +60,16 @@ class LazyRecords(Mapping[int, ArrayRecord]):
 
 
 class PersonalModels(TrainRounds):
-    """The shared part; ``layers`` (default: found from the initial arrays) and :class:`TrainRounds`' keywords.
+    """The shared part of the servers that keep a model per client.
 
     ``KEEPS_MODELS``: whether the server stores every client's latest model in ``theta``.
+
+    Parameters
+    ----------
+    layers : list or None (default: None)
+        The model's layers (their array names); None: found from the initial arrays.
+    **kwargs
+        :class:`~pflower.strategies.loop.TrainRounds`' parameters.
     """
 
     KEEPS_MODELS = True

@@ -30,9 +30,24 @@ def physical_memory() -> int:
 
 
 class PFedHN(PersonalModels):
-    """Keyword arguments ``embedding_dim`` (0: 1 + N/4, the official code's), ``hidden_dim``,
-    ``n_hidden``, ``hn_lr``, ``momentum``, ``weight_decay`` and
-    :class:`~pflower.strategies.personal.PersonalModels`'."""
+    """pFedHN's server: one hypernetwork generates every client's model from its embedding.
+
+    Parameters
+    ----------
+    embedding_dim : int (default: 0)
+        Size of each client's embedding; 0: 1 + N/4 (the official code's).
+    hidden_dim : int (default: 100)
+        Width of the hypernetwork's MLP.
+    n_hidden : int (default: 3)
+        Hidden layers of the MLP after its first.
+    hn_lr : float (default: 0.01)
+        SGD step of the hypernetwork and embeddings.
+    momentum : float (default: 0.9)
+        SGD momentum of the hypernetwork.
+    weight_decay : float (default: 0.001)
+        Weight decay of the hypernetwork.
+    **kwargs
+        :class:`~pflower.strategies.personal.PersonalModels`' parameters."""
 
     KEEPS_MODELS = False
 

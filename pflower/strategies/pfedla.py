@@ -45,12 +45,27 @@ ALPHA_RECORD_LIMIT = 100
 
 
 class PFedLA(PersonalModels):
-    """pFedLA, HeurpFedLA with ``top_k`` > 0; see the module docstring.
+    """pFedLA, HeurpFedLA with ``top_k`` > 0; see the module docstring. A client that keeps no
+    state gets its retained layers (its own copy) in its messages.
 
-    Keyword arguments: ``hn_lr``, ``head_start``, ``layer_loss``, ``embedding_dim``,
-    ``hidden_dim``, ``key_dim`` (the hypernetworks), ``top_k``, and :class:`~pflower.strategies.personal.PersonalModels`'
-    (``layers``). A client that keeps no state gets its retained layers (its own copy) in its
-    messages.
+    Parameters
+    ----------
+    hn_lr : float (default: 100.0)
+        SGD step of the hypernetworks and embeddings on the norm-scaled loss; 0 freezes the weights.
+    head_start : str (default: "sum-1")
+        The heads' raw outputs start at 1/N each (``sum-1``) or at 1 each (``sum-n``, the paper's).
+    layer_loss : str (default: "norm")
+        Each layer's loss divided by the clients' squared norms in it (``norm``) or not (``raw``).
+    embedding_dim : int (default: 100)
+        Size of each client's embedding.
+    hidden_dim : int (default: 100)
+        Width of the hypernetworks' 3-layer ReLU MLP.
+    key_dim : int (default: 100)
+        Heads are Linear(hidden → N) per layer while N ≤ this; beyond it a fixed random projection.
+    top_k : int (default: 0)
+        HeurpFedLA: layers of highest self-weight each client retains (not sent to it); 0 is pFedLA.
+    **kwargs
+        :class:`~pflower.strategies.personal.PersonalModels`' parameters (``layers``).
     """
 
     def __init__(

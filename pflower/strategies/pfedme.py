@@ -13,6 +13,16 @@ from pflower.strategies.validation import Reply
 
 
 class PFedMe(FedAvg):
+    """pFedMe's server: the average of the clients' local models, mixed into the global one.
+
+    Parameters
+    ----------
+    beta : float (default: 1.0)
+        Server mixing w ← (1 − β)·w + β·mean(w_i); 1 is FedAvg.
+    **kwargs
+        :class:`~pflower.strategies.fedavg.FedAvg`'s parameters.
+    """
+
     def __init__(self, *, beta: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         self.beta = beta

@@ -26,9 +26,16 @@ from pflower.strategies.validation import ArraySpec, Reply
 
 
 class Scaffold(TrainRounds):
-    """``global_lr`` (η_g) and :class:`TrainRounds`' keywords. The initial arrays are the model's
-    (x), with the initial c as ``scaffold.c.<key>`` arrays if given; without them c starts at zero
-    for every float array that is not a BatchNorm running statistic."""
+    """SCAFFOLD's server. The initial arrays are the model's (x), with the initial c as
+    ``scaffold.c.<key>`` arrays if given; without them c starts at zero for every float array
+    that is not a BatchNorm running statistic.
+
+    Parameters
+    ----------
+    global_lr : float (default: 1.0)
+        Server step η_g: x ← x + η_g·mean_i(y_i − x) over the round's clients.
+    **kwargs
+        :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 
     STATEFUL_CLIENTS = True  # each client keeps its c_i between rounds
 

@@ -14,6 +14,15 @@ from pflower.strategies.fedavg import FedAvg
 
 
 class SuperFed(FedAvg):
+    """SuPerFed's server: FedAvg of the federated model, and the clients' held-out loss curves
+    over the mixing weight λ pooled and sent back with the next evaluation.
+
+    Parameters
+    ----------
+    **kwargs
+        :class:`~pflower.strategies.fedavg.FedAvg`'s parameters.
+    """
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.pooled_val_loss: list[float] = []  # the last evaluation's; empty before the first
