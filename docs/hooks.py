@@ -19,6 +19,8 @@ Markers (anywhere in a page but in a code span):
 
 - ``<!-- pflower:config-reference -->``: every run-config key (:func:`pflower.reference.config_reference`)
 - ``<!-- pflower:methods -->``: the table of declared methods, each linked to its page
+- ``<!-- pflower:method-files -->``: the README's table of declared methods with their files
+- ``<!-- pflower:method-count -->``: how many methods are declared (inline)
 - ``<!-- pflower:keys NAME -->``: method NAME's own keys
 - ``<!-- pflower:evaluates -->``: what each method's clients evaluate; ``<!-- pflower:evaluates NAME -->``: NAME's
 - ``<!-- pflower:code NAME -->``: where method NAME's declaration, client and server code live
@@ -31,7 +33,8 @@ Markers (anywhere in a page but in a code span):
 
 An unknown marker, an undeclared method or a missing file stops the build with the page's name.
 A section is a block (blank lines around its text) except ``evaluates NAME``, one sentence that
-runs on into the text after its closing marker.
+runs on into the text after its closing marker, and ``method-count``, a number within its line.
+README.md's sections are written and checked with the pages' (it is no page of the site).
 
 Math: a page writes TeX between ``$...$`` (inline) or ``$$...$$`` (display), as GitHub reads it;
 ``pymdownx.arithmatex`` (generic mode) marks it and :func:`mathml` turns each formula into MathML
@@ -105,6 +108,10 @@ def render(kind: str, arg: str | None, page: str) -> str:
         return reference.config_reference()
     if kind == "methods":
         return reference.methods_table(link=_link_to_methods(page) + "{name}.md")
+    if kind == "method-files":
+        return reference.method_files_table()
+    if kind == "method-count":
+        return reference.method_count()
     if kind == "keys":
         return reference.method_keys(_method(arg, page))
     if kind == "evaluates":
@@ -150,6 +157,8 @@ def _inline(kind: str, arg: str | None) -> bool:
 
 def section(kind: str, arg: str | None, content: str) -> str:
     """A generated section as committed: marker, text, closing marker."""
+    if kind == "method-count":
+        return f"<!-- pflower:{kind} -->{content.strip()}<!-- /pflower:{kind} -->"
     sep = "\n" if _inline(kind, arg) else "\n\n"
     return f"<!-- pflower:{kind}{f' {arg}' if arg else ''} -->{sep}{content.strip(chr(10))}{sep}<!-- /pflower:{kind} -->"
 
@@ -173,9 +182,13 @@ def regenerate(markdown: str, page: str) -> str:
     return text
 
 
+#: README.md's name among the pages (a path under docs/ would be ../README.md; no site page).
+README = "../README.md"
+
+
 def pages() -> dict[str, Path]:
-    """Every page of the site, by its path under docs/."""
-    return {p.relative_to(DOCS).as_posix(): p for p in sorted(DOCS.rglob("*.md"))}
+    """Every page of the site, by its path under docs/, and the README."""
+    return {**{p.relative_to(DOCS).as_posix(): p for p in sorted(DOCS.rglob("*.md"))}, README: ROOT / "README.md"}
 
 
 def stale() -> list[str]:
@@ -195,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             path = pages()[name]
             path.write_text(regenerate(path.read_text(), name))
-        print(f"{'rewrote' if args.write else 'stale'}: docs/{name}")
+        print(f"{'rewrote' if args.write else 'stale'}: {pages()[name].relative_to(ROOT)}")
     return 1 if names and args.check else 0
 
 

@@ -182,6 +182,21 @@ def methods_table(link: str = "{name}.md") -> str:
     return "\n".join(lines)
 
 
+def method_files_table() -> str:
+    """Every declared method with its summary and its client, server and declaration files (the
+    README's table: a new method's row comes from its declaration)."""
+    lines = ["| method | what it does | client side | server side | declaration |", "| --- | --- | --- | --- | --- |"]
+    for name, m in declarations().items():
+        client, server = m.files()
+        lines.append(f"| `{name}` | {_cell(m.summary)} | `{client}` | `{server}` | `pflower/methods/{name.replace('-', '_')}.py` |")
+    return "\n".join(lines)
+
+
+def method_count() -> str:
+    """How many methods are declared."""
+    return str(len(declarations()))
+
+
 def config_reference(method_link: str = "methods/{name}.md") -> str:
     """The whole reference: the shared keys, then every method's own keys under its name."""
     parts = ["## Shared keys", "", table(Settings), "", "## Each method's own keys", ""]

@@ -57,3 +57,44 @@ def test_the_docs_show_the_example_serverapp_as_it_is():
     spec.loader.exec_module(hooks)
     shown = hooks.expand("<!-- pflower:include examples/quickstart/server_app.py -->", "serverapp.md")
     assert shown == "```python\n" + (ROOT / "examples" / "quickstart" / "server_app.py").read_text().rstrip() + "\n```"
+
+
+def test_a_new_methods_declaration_alone_updates_every_generated_place(tmp_path, monkeypatch):
+    """A throwaway method declared in a module of its own (a folder added to the registry's
+    package path, as a new file in pflower/methods/ would be): the README's table and method
+    count, docs/index.md's count and the methods index's table all gain it when the pages are
+    regenerated (one command: docs/hooks.py --write), and the README's length check does not count
+    the table's new row. Nothing else needs an edit for these places."""
+    import importlib.util
+    import sys
+
+    import pflower.methods
+
+    (tmp_path / "throwaway.py").write_text(
+        "from pflower.methods.declaration import Method\n"
+        "METHOD = Method(name='throwaway', summary='a method declared for this test only', "
+        "client='pflower.client_app.base:ClientMethod', strategy='pflower.strategies.fedavg:FedAvg', averages=True)\n"
+    )
+    spec = importlib.util.spec_from_file_location("pflower_docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    monkeypatch.setattr(pflower.methods, "__path__", [*pflower.methods.__path__, str(tmp_path)])
+    declarations.cache_clear()
+    try:
+        assert "throwaway" in declarations() and len(declarations()) == 23
+        readme = hooks.regenerate(README, hooks.README)
+        assert "| `throwaway` | a method declared for this test only | `pflower/client_app/base.py` | `pflower/strategies/fedavg.py` |" in readme
+        assert "<!-- pflower:method-count -->23<!-- /pflower:method-count --> methods" in readme
+        index = hooks.regenerate((ROOT / "docs" / "index.md").read_text(), "index.md")
+        assert "<!-- pflower:method-count -->23<!-- /pflower:method-count --> methods" in index
+        methods = hooks.regenerate((ROOT / "docs" / "methods" / "index.md").read_text(), "methods/index.md")
+        assert "| [`throwaway`](throwaway.md) | a method declared for this test only |" in methods
+        table = re.search(r"<!-- pflower:method-files -->.*?<!-- /pflower:method-files -->", readme, re.S)[0]
+        assert len(readme.replace(table, "").splitlines()) == len(
+            README.replace(re.search(r"<!-- pflower:method-files -->.*?<!-- /pflower:method-files -->", README, re.S)[0], "").splitlines()
+        )
+    finally:
+        sys.modules.pop("pflower.methods.throwaway", None)
+        monkeypatch.undo()
+        declarations.cache_clear()
+    assert "throwaway" not in declarations()

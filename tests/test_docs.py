@@ -196,8 +196,11 @@ def test_a_section_is_written_from_a_bare_marker_and_built_without_its_markers()
 
 
 def test_the_readme_is_a_five_minute_read():
-    lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
+    """At most 300 lines besides the generated method table (which grows by a row a method: a
+    new method never pushes other prose out)."""
+    text = re.sub(r"<!-- pflower:method-files -->.*?<!-- /pflower:method-files -->", "", (ROOT / "README.md").read_text(), flags=re.S)
+    lines = text.splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines besides its method table; move detail to docs/"
 
 
 def _lists_glued_to_a_paragraph(text: str) -> list[int]:
