@@ -21,6 +21,7 @@ Markers (anywhere in a page but in a code span):
 - ``<!-- pflower:methods -->``: the table of declared methods, each linked to its page
 - ``<!-- pflower:method-files -->``: the README's table of declared methods with their files
 - ``<!-- pflower:method-count -->``: how many methods are declared (inline)
+- ``<!-- pflower:row-keys -->``: the keys each method's strategy adds to metrics.json's rows
 - ``<!-- pflower:keys NAME -->``: method NAME's own keys
 - ``<!-- pflower:evaluates -->``: what each method's clients evaluate; ``<!-- pflower:evaluates NAME -->``: NAME's
 - ``<!-- pflower:code NAME -->``: where method NAME's declaration, client and server code live
@@ -112,6 +113,8 @@ def render(kind: str, arg: str | None, page: str) -> str:
         return reference.method_files_table()
     if kind == "method-count":
         return reference.method_count()
+    if kind == "row-keys":
+        return reference.row_keys_table(link=_link_to_methods(page) + "{name}.md")
     if kind == "keys":
         return reference.method_keys(_method(arg, page))
     if kind == "evaluates":

@@ -192,6 +192,23 @@ def method_files_table() -> str:
     return "\n".join(lines)
 
 
+def row_keys_table(link: str = "methods/{name}.md") -> str:
+    """The keys each method's strategy adds to metrics.json's rows, from the strategies' declared
+    ``ROW_KEYS`` (beside those every strategy's rows may hold)."""
+    from pflower.strategies.loop import PflStrategy
+
+    shared = PflStrategy.row_keys()
+    lines = ["| key | methods | what it holds |", "| --- | --- | --- |"]
+    by_key: dict[str, tuple[list[str], str]] = {}
+    for name, m in declarations().items():
+        for key, holds in m.strategy_class().row_keys().items():
+            if key not in shared:
+                by_key.setdefault(key, ([], holds))[0].append(name)
+    for key, (names, holds) in sorted(by_key.items()):
+        lines.append(f"| `{key}` | {', '.join(f'[`{n}`]({link.format(name=n)})' for n in names)} | {_cell(holds)} |")
+    return "\n".join(lines)
+
+
 def method_count() -> str:
     """How many methods are declared."""
     return str(len(declarations()))

@@ -226,12 +226,15 @@ def test_sampling_depends_only_on_seed_and_round(grid_factory, tmp_path):
 def test_full_run_in_process_writes_metrics(grid_factory, tmp_path, method):
     """3 rounds of every method's declared example, one local epoch each (the default 5 would
     only make the rounds longer): every round's row, a final accuracy per client, the figure and
-    bytes that go both ways, and no collapse of accuracy from round 1 to round 3."""
+    bytes that go both ways, and no collapse of accuracy from round 1 to round 3; a row holds
+    only keys its strategy declares (docs/results.md's table of them is generated from those)."""
     cfg = {**run_config(method=method, num_server_rounds=3, local_epochs=1, results_dir=str(tmp_path)), **declarations()[method].example}
     grid = grid_factory(cfg, N)
-    build_strategy(load_settings(cfg)).start(grid=grid)
+    strategy = build_strategy(load_settings(cfg))
+    strategy.start(grid=grid)
     doc = json.loads((tmp_path / "metrics.json").read_text())
     assert [r["round"] for r in doc["rounds"]] == [1, 2, 3]
+    assert {k for r in doc["rounds"] for k in r} <= set(strategy.row_keys()), "a row key its strategy does not declare (ROW_KEYS: docs/results.md's table)"
     assert doc["rounds"][-1]["accuracy"] > doc["rounds"][0]["accuracy"] - 0.05
     assert set(doc["final"]["per-client-accuracy"]) == {"0", "1", "2"}
     assert (tmp_path / "accuracy.png").stat().st_size > 1000

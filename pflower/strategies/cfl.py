@@ -108,6 +108,11 @@ class ClusteredFL(TrainRounds):
     **kwargs
         :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 
+    ROW_KEYS = {
+        "clusters": "the clusters after the round (their client ids)",
+        "cfl": "each cluster's record of the round: its clients, how many replied, its update norms, whether it split",
+    }
+
     def __init__(self, *, eps1: float = 0.4, eps2: float = 1.0, gamma_max: float = 0.0, warmup_rounds: int = 0, min_split_size: int = 3, **kwargs):
         super().__init__(**kwargs)
         if not eps1 > 0 or not eps2 >= 0:

@@ -59,6 +59,8 @@ class FedAvg(TrainRounds):
         :class:`~pflower.strategies.loop.TrainRounds`' and :class:`~pflower.strategies.loop.PflStrategy`'s parameters.
     """
 
+    ROW_KEYS = {"phase": "with gradual sharing (`gradual-interval`): the round's phase, how many layers are shared"}
+
     def __init__(self, *, aggregation: str = "mean", trim_fraction: float | None = None, sharing: GradualSharing | None = None, **kwargs):
         super().__init__(**kwargs)
         if aggregation not in ("mean", "median", "trimmed-mean"):

@@ -42,6 +42,8 @@ class FedEM(FedAvg):
     **kwargs
         :class:`~pflower.strategies.fedavg.FedAvg`'s parameters."""
 
+    ROW_KEYS = {PI_METRIC: "each trained client's mixture weights π over the components"}
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.components = 0

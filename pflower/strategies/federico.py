@@ -52,6 +52,11 @@ class FedericoRelay(PflStrategy):
 
     STATEFUL_CLIENTS = True
 
+    ROW_KEYS = {
+        "collaboration-weights": "each client's weights over the clients it tracks",
+        "relayed-bytes": "the bytes relayed down in each of the round's four steps",
+    }
+
     def __init__(self, *, view_size: int = 4, **kwargs):
         super().__init__(**kwargs)
         self.view_size = view_size

@@ -37,6 +37,8 @@ class FedFomo(PersonalModels):
 
     STATEFUL_CLIENTS = True  # its clients weigh the models they get against their own
 
+    ROW_KEYS = {"fomo-weights": "each trained client's weights on the models it was sent, by their owners"}
+
     def __init__(self, *, m: int = 5, epsilon: float = 0.3, **kwargs):
         super().__init__(**kwargs)
         self.m, self.epsilon = m, epsilon

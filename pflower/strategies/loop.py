@@ -101,6 +101,22 @@ class PflStrategy(Strategy):
     """
 
     STATEFUL_CLIENTS = False
+    #: The keys every strategy's metrics.json rows may hold (docs/results.md says what each is).
+    #: A subclass declares only the keys it adds, each with what it holds; :meth:`row_keys`
+    #: joins them up its bases, and docs/results.md's table of them is generated.
+    ROW_KEYS: Mapping[str, str] = dict.fromkeys(
+        ("round", "accuracy", "weighted-accuracy", "loss", "top5-accuracy", "ece", "mce", "train-loss", "train-metrics", "global-accuracy",
+         "bytes-down", "bytes-up", "cumulative-bytes-down", "cumulative-bytes-up", "wall-seconds", "sampled", "evaluated", "missing",
+         "rejected", "per-client-accuracy", "server-evaluation", "ray-nodes"), ""
+    )  # fmt: skip
+
+    @classmethod
+    def row_keys(cls) -> dict[str, str]:
+        """Every key this strategy's rows may hold: its own and its bases', with what each holds."""
+        out: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            out.update(vars(klass).get("ROW_KEYS", {}))
+        return out
 
     def __init__(
         self,

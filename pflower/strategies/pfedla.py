@@ -68,6 +68,11 @@ class PFedLA(PersonalModels):
         :class:`~pflower.strategies.personal.PersonalModels`' parameters (``layers``).
     """
 
+    ROW_KEYS = {
+        "alpha": "the weights after the round: alpha[client][layer], a list over clients (up to 100 clients)",
+        "alpha-structure": "where the clients said their classes: how the weights follow them (same-classes / disjoint ratio, correlation)",
+    }
+
     def __init__(
         self, *, hn_lr: float = 100.0, head_start: str = "sum-1", layer_loss: str = "norm", embedding_dim: int = 100, hidden_dim: int = 100,
         key_dim: int = 100, top_k: int = 0, **kwargs,

@@ -23,6 +23,13 @@ class SuperFed(FedAvg):
         :class:`~pflower.strategies.fedavg.FedAvg`'s parameters.
     """
 
+    ROW_KEYS = {
+        "lambda-curve": "mean test accuracy over clients at each λ",
+        "lambda-chosen": "each client's λ, chosen on held-out data",
+        "lambda-pooled-val-loss": "the federation's held-out loss curve over λ",
+        "oracle-accuracy": "mean accuracy at each client's best λ on its test split (the paper's protocol, for comparison only)",
+    }
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.pooled_val_loss: list[float] = []  # the last evaluation's; empty before the first
