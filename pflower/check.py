@@ -78,6 +78,19 @@ def at_least_one(what: str) -> Callable[[str], int]:
 client_count = at_least_one("a number of clients")
 
 
+def add_app_argument(p: argparse.ArgumentParser) -> None:
+    """The Flower app directory: positional, as ``flwr run .`` takes it, or ``--app``."""
+    p.add_argument("app_dir", nargs="?", type=Path, default=None, metavar="APP", help="the Flower app directory (default: .), as for flwr run")
+    p.add_argument("--app", type=Path, default=None, help="the same, named")
+
+
+def chosen_app(p: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
+    """The app directory the arguments name (``.`` if none); an error if they name two."""
+    if args.app_dir is not None and args.app is not None and args.app_dir.resolve() != args.app.resolve():
+        p.error(f"two app directories: {args.app_dir} and --app {args.app}")
+    return args.app_dir or args.app or Path(".")
+
+
 def is_pflower_app(app: Path) -> bool:
     project = tomllib.loads((app / "pyproject.toml").read_text())
     return project.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("serverapp") == "pflower.server_app:app"
@@ -115,9 +128,10 @@ def check(app: Path, overrides: str = "", num_clients: int | None = None) -> str
 def main(argv: list[str] | None = None) -> int:
     p = help_text.parser("pflower-check", __doc__)
     p.add_argument("-c", "--run-config", default="", help="run-config overrides, as for flwr run")
-    p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
+    add_app_argument(p)
     p.add_argument("--num-clients", type=client_count, default=None, help="the federation's size: its partition is checked too")
     args = p.parse_args(argv)
+    args.app = chosen_app(p, args)
     if (why := check(args.app, args.run_config, args.num_clients)) is not None:
         print(f"pflower-check: {why}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pflower import help_text
-from pflower.check import at_least_one, client_count
+from pflower.check import add_app_argument, at_least_one, chosen_app, client_count
 from pflower.processes import console_script, free_port, start_watched, stop, wait_for_port
 
 #: Set for every Flower process. Ray's RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO stays unset: Ray then
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus-per-client", type=core_count, default=1, help="CPU cores reserved per ClientApp")
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
                    help="GPU share per ClientApp: 0 (CPU only; the ClientApps see no GPU), a whole number, or 0.5, 0.25, 0.125, ...")  # fmt: skip
-    p.add_argument("--app", type=Path, default=Path("."), help="the Flower app directory (default: .)")
+    add_app_argument(p)
     p.add_argument(
         "--flwr-home",
         type=Path,
@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         help="FLWR_HOME (default: $FLWR_HOME if set, else <app>/.flwr); pflower-sim adds its connection to its config.toml, keeping the others",
     )
     args = p.parse_args(argv)
+    args.app = chosen_app(p, args)
     from pflower.check import is_pflower_app
 
     started = time.monotonic()

@@ -274,3 +274,19 @@ def test_the_check_of_a_run_on_the_nodes_own_data_passes_without_a_shape(tmp_pat
     """dataset='node': the shape is the nodes' (known once they answer), so pflower-check counts
     no model (it raised a traceback asking for the image shape)."""
     assert check(ROOT, f"dataset='node' results-dir='{tmp_path / 'out'}'") is None
+
+
+def test_the_app_is_positional_as_for_flwr_run_or_named(capsys, monkeypatch):
+    """`pflower-check .` and `pflower-sim .` take the app as `flwr run .` does (it was refused as
+    an unknown argument); `--app` still works, and two different ones are refused."""
+    from pflower import check as C
+
+    assert C.main([str(ROOT), "-c", "num-server-rounds=2"]) == 0
+    assert C.main(["--app", str(ROOT), "-c", "num-server-rounds=2"]) == 0
+    with pytest.raises(SystemExit):
+        C.main([str(ROOT), "--app", "/tmp", "-c", "num-server-rounds=2"])
+    assert "two app directories" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(launcher, "simulate", lambda app, *a, **k: (seen.append(app), (1, "finished:completed"))[1])
+    monkeypatch.setattr(launcher, "_check_apart", lambda *a: None)
+    assert launcher.main([str(ROOT), "-c", "num-server-rounds=1"]) == 0 and seen == [ROOT]
