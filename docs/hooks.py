@@ -154,15 +154,17 @@ def expand(markdown: str, page: str) -> str:
     return out
 
 
-def _inline(kind: str, arg: str | None) -> bool:
-    return kind == "evaluates" and arg is not None
+def _separator(kind: str, arg: str | None) -> str:
+    """What stands between a section's markers and its text: nothing for a number within its
+    line (``method-count``), a line break for a sentence (``evaluates NAME``), a blank line for a block."""
+    if kind == "method-count":
+        return ""
+    return "\n" if kind == "evaluates" and arg is not None else "\n\n"
 
 
 def section(kind: str, arg: str | None, content: str) -> str:
     """A generated section as committed: marker, text, closing marker."""
-    if kind == "method-count":
-        return f"<!-- pflower:{kind} -->{content.strip()}<!-- /pflower:{kind} -->"
-    sep = "\n" if _inline(kind, arg) else "\n\n"
+    sep = _separator(kind, arg)
     return f"<!-- pflower:{kind}{f' {arg}' if arg else ''} -->{sep}{content.strip(chr(10))}{sep}<!-- /pflower:{kind} -->"
 
 

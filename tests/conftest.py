@@ -31,6 +31,7 @@ def digits_as_mnist(folder: Path) -> Path:
     classes), each 8x8 image scaled to 24x24 and placed in a 28x28 frame at 4 offsets (7,188
     images, about 720 a class): real, learnable digits in MNIST's format, for the tests that need
     MNIST-like files where no MNIST is (a fresh clone anywhere)."""
+    from data_files import idx_bytes
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -40,7 +41,7 @@ def digits_as_mnist(folder: Path) -> Path:
     labels = np.tile(digits.target, len(framed)).astype(np.uint8)
     folder.mkdir(parents=True, exist_ok=True)
     for name, arr in (("t10k-images-idx3-ubyte", images), ("t10k-labels-idx1-ubyte", labels)):
-        (folder / name).write_bytes(bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape) + arr.tobytes())
+        (folder / name).write_bytes(idx_bytes(arr))
     return folder
 
 

@@ -125,6 +125,25 @@ def test_runs_naming_no_results_dir_each_get_a_folder_of_their_own_and_resume_fr
     assert new_run_folder(tmp_path / "b", "x", now=0).name.endswith("-x") and new_run_folder(tmp_path / "b", "x", now=0).name.endswith("-x-2")
 
 
+def test_a_run_refused_for_its_data_writes_no_folder(tmp_path, monkeypatch):
+    """The ServerApp checks the data and the model before it makes the run's folder: a refused
+    run left an empty results/<start>-<method> (or a named results-dir) behind."""
+    from pflower.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {k: v for k, v in _small("unused").items() if k != "results-dir"}
+    for bad in (
+        {"dataset": "mnist", "data-dir": str(tmp_path / "empty")},
+        {"model": "leaf-cnn", "dataset": "imagefolder", "data-dir": str(tmp_path / "empty")},
+    ):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        with pytest.raises(ConfigError):
+            _serve({**cfg, **bad})
+        with pytest.raises(ConfigError):
+            _serve({**cfg, **bad, "results-dir": str(tmp_path / "named")})
+    assert not (tmp_path / "results").exists() and not (tmp_path / "named").exists()
+
+
 @pytest.mark.parametrize("method", ["superfed", "federico", "pfedla"])
 def test_overwrite_replaces_the_old_runs_files_and_only_those(tmp_path, method):
     """A run of ``method`` (its figures, checkpoint, client states, TensorBoard events), then a

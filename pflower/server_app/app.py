@@ -47,6 +47,8 @@ def main(grid: Grid, context: Context) -> None:
         settings = load_settings(context.run_config)
         torch.set_num_threads(settings.server_threads)
         check_server(settings)
+        check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
+        check_model(settings)  # the model the data asks for fits a client; a run refused writes no folder
         if not settings.results_dir:  # a folder of the run's own
             folder = new_run_folder(settings.results_path, settings.method)
             settings = settings.model_copy(update={"results_dir": str(Path(RESULTS) / folder.name)})
@@ -54,8 +56,6 @@ def main(grid: Grid, context: Context) -> None:
         settings.results_path.mkdir(parents=True, exist_ok=True)
         with claimed(settings.results_path):  # one run at a time in a folder: checked again once held
             check_held(settings)
-            check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
-            check_model(settings)  # the model the data asks for fits a client
             checkpoint = load_checkpoint(settings) if settings.resume_from else None
             if settings.overwrite and not settings.continues_in_place and (removed := clear_run(settings.results_path)):
                 log(WARNING, "overwrite=true: removed the previous run's %s from %s", ", ".join(removed), settings.results_path)
