@@ -22,6 +22,7 @@ Markers (anywhere in a page but in a code span):
 - ``<!-- pflower:method-files -->``: the README's table of declared methods with their files
 - ``<!-- pflower:method-count -->``: how many methods are declared (inline)
 - ``<!-- pflower:row-keys -->``: the keys each method's strategy adds to metrics.json's rows
+- ``<!-- pflower:client-state -->``: each method's declared client state (:mod:`pflower.client_state`)
 - ``<!-- pflower:keys NAME -->``: method NAME's own keys
 - ``<!-- pflower:evaluates -->``: what each method's clients evaluate; ``<!-- pflower:evaluates NAME -->``: NAME's
 - ``<!-- pflower:code NAME -->``: where method NAME's declaration, client and server code live
@@ -115,6 +116,8 @@ def render(kind: str, arg: str | None, page: str) -> str:
         return reference.method_count()
     if kind == "row-keys":
         return reference.row_keys_table(link=_link_to_methods(page) + "{name}.md")
+    if kind == "client-state":
+        return reference.client_state_table(link=_link_to_methods(page) + "{name}.md")
     if kind == "keys":
         return reference.method_keys(_method(arg, page))
     if kind == "evaluates":

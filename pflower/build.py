@@ -81,13 +81,13 @@ def client_method(settings: Settings) -> ClientMethod:
 
 
 def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None, num_classes: int | None = None) -> PflStrategy:
-    """The method's strategy, with the initial model of ``seed`` and the method's upload keys;
+    """The method's strategy, with the initial model of ``seed`` and the method's declared client state;
     ``shape`` and ``num_classes`` when the nodes bring their own data (else the data set's)."""
     shape, num_classes = (settings.image_shape, settings.num_classes) if shape is None else (shape, num_classes)
     model = build_model(settings, shape, num_classes, settings.seed)
     client = client_method(settings)
     method = get(settings.method)
-    strategy = method.strategy_class().from_settings(settings, model, client.upload_keys(model))
+    strategy = method.strategy_class().from_settings(settings, model, client.client_state(model))
     strategy.gate.schemas.update(method.reply_schemas())
     strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
     return strategy

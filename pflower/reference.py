@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -206,6 +207,48 @@ def row_keys_table(link: str = "methods/{name}.md") -> str:
                 by_key.setdefault(key, ([], holds))[0].append(name)
     for key, (names, holds) in sorted(by_key.items()):
         lines.append(f"| `{key}` | {', '.join(f'[`{n}`]({link.format(name=n)})' for n in names)} | {_cell(holds)} |")
+    return "\n".join(lines)
+
+
+def _groups(state, keys: list[str]) -> str:
+    """``keys`` as their modules (``local.*``, ``pi``), two levels deep where one level holds arrays of other roles."""
+    out: list[str] = []
+    for k in keys:
+        parts = k.split(".")
+        depth = 1 if len({e.role for j, e in state.entries.items() if j.split(".")[0] == parts[0]}) == 1 else 2
+        name = ".".join(parts[:depth]) + (".*" if len(parts) > depth else "")
+        if name not in out:
+            out.append(name)
+    return ", ".join(f"`{n}`" for n in out)
+
+
+def client_state_table(link: str = "methods/{name}.md") -> str:
+    """Each method's declared client state (:mod:`pflower.client_state`) with the run config's
+    default model: what the server sends and the client uploads, what goes one way only, what
+    stays on the client (arrays, and records besides the model). FedBN keeps nothing with the
+    default model, which has no normalization layers."""
+    from pflower.build import build_model, client_method
+    from pflower.client_state import Role
+    from pflower.config import load_settings
+
+    lines = ["| method | the model: sent, trained, uploaded | from the server only | to the server only | private: kept on the client |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name in declarations():
+        s = load_settings({"method": name})
+        model = build_model(s, s.image_shape, s.num_classes, s.seed)
+        state = client_method(s).client_state(model)
+
+        def cell(role: Role, state=state) -> str:
+            keys = state.keys(role)
+            if not keys:
+                return "none"
+            numbers = sum(int(np.prod(state.entries[k].shape)) for k in keys)
+            return f"{len(keys)} array{'s' if len(keys) > 1 else ''}, {numbers:,} numbers ({_groups(state, keys)})"
+
+        private = cell(Role.PRIVATE)
+        if state.records:
+            private += "; records " + ", ".join(f"`{r}{'*' if r.endswith('-') else ''}` ({_cell(what)})" for r, what in state.records.items())
+        lines.append(f"| [`{name}`]({link.format(name=name)}) | {cell(Role.MODEL)} | {cell(Role.FROM_SERVER)} | {cell(Role.TO_SERVER)} | {private} |")
     return "\n".join(lines)
 
 

@@ -32,7 +32,7 @@ def test_lgfedavg_uploads_the_head_and_keeps_the_body():
 
     s = load_settings(run_config(method="lgfedavg"))
     model = build_model(s, s.image_shape, s.num_classes, 0)
-    keys = client_method(s).upload_keys(model)
+    keys = client_method(s).client_state(model).uploaded
     assert keys == ["head.weight", "head.bias"]
 
 
@@ -55,7 +55,7 @@ def test_ditto_personal_step_is_sgd_on_ce_plus_the_proximal_term():
         assert torch.allclose(p, w0[k] - 0.1 * g, atol=1e-6)
     for (k, p), g in zip(model.local.named_parameters(), gv):
         assert torch.allclose(p, v0[k] - 0.1 * g, atol=1e-6)
-    assert client.upload_keys(model) == ["fed.weight", "fed.bias"]
+    assert client.client_state(model).uploaded == ["fed.weight", "fed.bias"]
 
 
 def test_apfl_alpha_follows_its_gradient_and_w_v_their_losses():

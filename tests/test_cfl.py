@@ -104,7 +104,7 @@ def test_identical_or_parallel_updates_never_split_whatever_the_rounding():
 def _strategy(**kw) -> tuple[ClusteredFL, dict]:
     torch.manual_seed(3)
     x0 = {"w": torch.randn(2, 2), "b": torch.randn(2), "bn.running_mean": torch.randn(2)}
-    strategy = ClusteredFL(**{"eps1": 0.5, "eps2": 0.5, "warmup_rounds": 1, **kw})
+    strategy = ClusteredFL(**{"eps1": 0.5, "eps2": 0.5, "warmup_rounds": 1, "parameters": ["w", "b"], **kw})
     strategy.federation.num_clients = 4
     strategy.federation.node_of = {c: 100 + c for c in range(4)}
     strategy.prepare(to_record(x0))

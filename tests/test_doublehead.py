@@ -51,7 +51,7 @@ def test_double_head_model_predicts_with_the_rule_and_evaluates_with_it():
 def test_every_model_family_gets_a_double_head(name):
     settings = load_settings(run_config(method="doublehead", model=name))
     model = build_model(settings, settings.image_shape, settings.num_classes, 0)
-    keys = client_method(settings).upload_keys(model)
+    keys = client_method(settings).client_state(model).uploaded
     assert keys_under(model, "local_head") and not set(keys_under(model, "local_head")) & set(keys)
     assert set(keys) | set(keys_under(model, "local_head")) == set(communicable_keys(model))
     assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
@@ -112,7 +112,7 @@ def test_gradual_sharing_sends_and_aggregates_exactly_the_released_layers(grid_f
     settings, strategy, grid, doc, replies = _run(grid_factory, tmp_path, rounds, method="doublehead", gradual_interval=2)
     model = build_model(settings, settings.image_shape, settings.num_classes, settings.seed)
     init = model.state_dict()
-    sharing = GradualSharing.of(model, client_method(settings).upload_keys(model), 2)
+    sharing = GradualSharing.of(model, client_method(settings).client_state(model).uploaded, 2)
     assert len(sharing.units) == 4  # conv, conv, dense, global head
     train_sent = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
     eval_alone = [m for m in grid.sent if m.metadata.message_type == MessageType.EVALUATE]

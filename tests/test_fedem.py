@@ -149,7 +149,7 @@ def test_components_are_drawn_apart_and_pi_starts_uniform():
 def test_the_client_uploads_the_components_and_keeps_pi():
     s = load_settings(run_config(method="fedem", fedem__components=3, model="cnn-bn"))
     model = build_model(s, s.image_shape, s.num_classes, 0)
-    keys = client_method(s).upload_keys(model)
+    keys = client_method(s).client_state(model).uploaded
     assert PI not in keys and keys == [k for k, v in model.state_dict().items() if k != PI and v.is_floating_point()]
     assert {k.split(".")[1] for k in keys} == {"0", "1", "2"} and any("running_mean" in k for k in keys)
 
@@ -230,7 +230,7 @@ def test_bytes_each_way_are_k_models(tmp_path, no_figures):
     doc, strategy, grid = _run(tmp_path, "fedem", 1, local_epochs=1, samples_per_client=40, fedem__components=2, single_message=False)
     s = load_settings(run_config(method="fedem", fedem__components=2))
     model = build_model(s, s.image_shape, s.num_classes, 0)
-    components = payload_bytes(RecordDict({"a": to_record(model.state_dict(), client_method(s).upload_keys(model))}))
+    components = payload_bytes(RecordDict({"a": to_record(model.state_dict(), client_method(s).client_state(model).uploaded)}))
     base = build_model(load_settings(run_config(method="fedavg")), s.image_shape, s.num_classes, 0)
     one = payload_bytes(RecordDict({"a": to_record(base.state_dict())}))
     assert components == 2 * one

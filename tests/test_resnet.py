@@ -50,6 +50,6 @@ def test_fedbn_keeps_resnet18s_normalization_layers_local(tmp_path, norm, layer,
     assert len(norms) == 20 and all(type(m) is layer for m in norms)
     if norm == "group":
         assert {m.num_groups for m in norms} == {2} and not any("running" in k for k in model.state_dict())
-    kept = set(communicable_keys(model)) - set(client_method(settings).upload_keys(model))
+    kept = set(communicable_keys(model)) - set(client_method(settings).client_state(model).uploaded)
     assert kept == set(norm_keys(model)) and len(kept) == 20 * len(local)
     assert {k.rsplit(".", 1)[1] for k in kept} == local

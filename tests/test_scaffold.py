@@ -104,7 +104,7 @@ def test_with_momentum_the_divisor_is_how_far_the_steps_move_a_constant_gradient
 def test_the_client_uploads_the_model_and_delta_c_and_keeps_c_i():
     s = load_settings(run_config(method="scaffold", model="cnn-bn"))
     model = build_model(s, s.image_shape, s.num_classes, 0)
-    keys = client_method(s).upload_keys(model)
+    keys = client_method(s).client_state(model).uploaded
     params = [k for k, _ in model.named_parameters()]
     stats = [k for k in model.state_dict() if "running_" in k]
     assert stats and keys == [*(k for k in model.state_dict() if not k.startswith("scaffold.") and "num_batches" not in k), *(DELTA_C + k for k in params)]
@@ -126,7 +126,7 @@ def test_server_update_of_x_and_c_by_hand_with_partial_participation():
     not weigh (the paper's plain means); a running statistic is the clients' mean, with no c."""
     torch.manual_seed(2)
     x0 = {"w": torch.randn(3, 2), "b": torch.randn(3), "bn.running_mean": torch.randn(3)}
-    strategy = Scaffold(global_lr=0.5)
+    strategy = Scaffold(global_lr=0.5, parameters=["w", "b"])
     strategy.federation.num_clients = 4
     strategy.prepare(to_record(x0))
     assert sorted(strategy.control) == ["b", "w"] and all(torch.count_nonzero(v) == 0 for v in strategy.control.values())
@@ -153,7 +153,7 @@ def test_server_update_of_x_and_c_by_hand_with_partial_participation():
         sent = from_record(strategy.train_arrays(rnd + 1, [3])[3])
         assert all(torch.equal(sent[C_SERVER + k], strategy.control[k]) for k in c) and torch.equal(sent["w"], strategy.global_state["w"])
 
-    resumed = Scaffold(global_lr=0.5)
+    resumed = Scaffold(global_lr=0.5, parameters=["w", "b"])
     resumed.federation.num_clients = 4
     resumed.prepare(to_record(x0))
     resumed.load_state_dict(strategy.state_dict())

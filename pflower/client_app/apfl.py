@@ -17,6 +17,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pflower.client_app.base import PERSONAL, ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split
 from pflower.models import keys_under
 from pflower.models.mixing import AtLambda, MixedModel
@@ -37,8 +38,9 @@ def apfl_loss(model: MixedModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
 class APFLClient(ClientMethod):
     EVALUATES = "the mixture alpha v + (1 - alpha) w of its local model and the global model as the server sends it"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return keys_under(model, "fed")
+    def client_state(self, model: nn.Module) -> ClientState:
+        """w (``fed``) is the model; the local model v and alpha stay private."""
+        return ClientState.of(model, keys_under(model, "fed"))
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         loss = self._train_local(model, data, seed, loss_fn=apfl_loss)

@@ -1,7 +1,8 @@
 """The ClientApp: thin Flower glue around a method's :class:`ClientMethod`.
 
 Each client keeps its whole personal model in ``context.state["personal"]``; a message
-overwrites the keys it carries, the method trains, and only the method's upload keys (those the
+overwrites the arrays it carries (only those the method's declared client state receives,
+:mod:`pflower.client_state`), the method trains, and only the arrays it uploads (those the
 gradual-sharing schedule releases in this round) go back.
 After training the personal state is saved to disk (:mod:`pflower.client_app.store`), so a
 resumed run or a restarted SuperNode continues with it, and between messages the context keeps
@@ -34,6 +35,7 @@ from pflower import reply_metrics, single_message
 from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import SAVED, StateError, StateStore, keep_on_disk
+from pflower.client_state import ClientState
 from pflower.config import Settings, load_settings
 from pflower.datasets.federated import Split, client_data, client_domain, global_test, label_counts, pool_for
 from pflower.datasets.folder import FolderError
@@ -122,6 +124,7 @@ class Shared:
 
     model: nn.Module
     method: ClientMethod
+    state: ClientState  # what the method declares of its model's arrays
     sharing: GradualSharing
     fresh: dict[str, torch.Tensor]  # the common initial state
 
@@ -203,9 +206,32 @@ class Runtime:
         return RecordDict() if stale else context.state
 
     def personal_model(self, state: RecordDict) -> nn.Module:
-        """The cached model loaded with the personal ``state`` (or the initial one)."""
-        self.model.load_state_dict(from_record(state[PERSONAL]) if PERSONAL in state else self.initial())
+        """The cached model loaded with the personal ``state`` (or the initial one); a state whose
+        arrays differ from the method's declared client state is a :class:`StateError` naming
+        the difference (a state of another method or model: nothing loads half)."""
+        if PERSONAL not in state:
+            self.model.load_state_dict(self.initial())
+            return self.model
+        personal = from_record(state[PERSONAL])
+        if undeclared := self.shared.state.undeclared(n for n in state.keys() if n not in (PERSONAL, IN_ROUND, SAVED)):
+            problem = f"it holds record(s) the method does not declare, first '{undeclared[0]}'"
+        else:
+            problem = self.shared.state.mismatch(personal)
+        if problem:
+            raise StateError(
+                f"client {self.client_id}'s personal state does not match method '{self.settings.method}''s declared client state: "
+                f"{problem}; it was saved by another method or model: resume from a run of this configuration"
+            )
+        self.model.load_state_dict(personal)
         return self.model
+
+    def received(self, record: ArrayRecord) -> dict[str, torch.Tensor]:
+        """The arrays of a server's ``record``, checked against what the method receives (its
+        declared ``MODEL`` and ``FROM_SERVER`` arrays: names and shapes), on the model's device."""
+        if kept := self.shared.state.unreceivable(record.keys()):
+            raise ValueError(f"the message carries arrays that method '{self.settings.method}' never receives (its client's own or upload-only): {kept[:5]}")
+        state = self.model.state_dict()
+        return received_state(record, {k: state[k] for k in self.shared.state.received})
 
     def resume(self, context: Context, lineage: str, after_round: int, state_round: int | None) -> nn.Module:
         """:meth:`personal_model` of :meth:`personal_state`, which the context holds from now on
@@ -241,7 +267,7 @@ class Runtime:
         )
         model = self.personal_model(state)
         trained = PERSONAL in state
-        model.load_state_dict(received_state(arrays, model.state_dict()), strict=False)
+        model.load_state_dict(self.received(arrays), strict=False)
         if epochs := self.method.finetune_epochs:
             self.method.start_round(rnd)
             self.method.finetune(model, self.train, self.seed(rnd, stream=1), epochs)
@@ -291,7 +317,8 @@ def _shared(settings: Settings, shape: tuple[int, int, int] | None = None, num_c
     model = build_model(settings, shape, num_classes, settings.seed).to(device())
     method = client_method(settings)
     fresh = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return Shared(model, method, GradualSharing.of(model, method.upload_keys(model), settings.gradual_interval), fresh)
+    state = method.client_state(model)
+    return Shared(model, method, state, GradualSharing.of(model, state.uploaded, settings.gradual_interval), fresh)
 
 
 @lru_cache(maxsize=4096)
@@ -340,11 +367,11 @@ def runtime(context: Context, msg: Message | None = None) -> Runtime:
     return _runtime(settings, cid, n)
 
 
-def _received(msg: Message, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The arrays of a message, checked against the model (known keys, matching shapes), on its device."""
+def _received(msg: Message, rt: Runtime) -> dict[str, torch.Tensor]:
+    """The arrays of a message (:meth:`Runtime.received`)."""
     if "arrays" not in msg.content.array_records:
         return {}
-    return received_state(msg.content.array_records["arrays"], model.state_dict())
+    return rt.received(msg.content.array_records["arrays"])
 
 
 def _config(msg: Message) -> ConfigRecord:
@@ -401,7 +428,7 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     rt = runtime(context, msg)
     model = rt.resume(context, _lineage(msg), _round(msg) - 1, _state_round(_config(msg)))
-    received = _received(msg, model)
+    received = _received(msg, rt)
     model.load_state_dict(received, strict=False)
     rt.method.start_round(_round(msg))
     extra = rt.method.before_fit(model, rt.train, msg.content, _round(msg))

@@ -9,9 +9,9 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
+from pflower.client_state import ClientState
 from pflower.config import Settings
 from pflower.datasets.federated import Split
-from pflower.models import communicable_keys
 from pflower.training import LossFn, cross_entropy, evaluate, train
 
 #: The record of ``context.state`` that holds a client's whole personal model.
@@ -21,8 +21,8 @@ PERSONAL = "personal"
 class ClientMethod:
     """FedAvg's client: train every parameter on the local data, upload every float tensor.
 
-    Subclasses override :meth:`upload_keys` (what leaves the client; the rest stays personal in
-    ``context.state``) and :meth:`fit` (the local update, always through
+    Subclasses override :meth:`client_state` (what leaves the client, what the server sets, what
+    stays personal) and :meth:`fit` (the local update, always through
     :func:`pflower.training.train`).
     """
 
@@ -47,8 +47,10 @@ class ClientMethod:
         """Train the model about to be evaluated for ``epochs`` (not kept: evaluation never saves)."""
         self._train(model, data, seed, epochs=epochs)
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return communicable_keys(model)
+    def client_state(self, model: nn.Module) -> ClientState:
+        """Each array of the method's model and who may see it (default: every float array is
+        the model the server sends and the client uploads; integer counters stay private)."""
+        return ClientState.of(model)
 
     def initial_state(self, model: nn.Module, client_id: int) -> dict[str, torch.Tensor]:
         """The personal state of a client that has not trained yet (default: the common init)."""

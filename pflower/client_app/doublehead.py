@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split
-from pflower.models import DoubleHead, keys_under
+from pflower.models import DoubleHead, communicable_keys, keys_under
 
 
 def two_heads_loss(model: DoubleHead, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -23,9 +24,10 @@ def two_heads_loss(model: DoubleHead, x: torch.Tensor, y: torch.Tensor) -> torch
 class DoubleHeadClient(ClientMethod):
     EVALUATES = "the base and global head as the server sends them, with its own local head"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
+    def client_state(self, model: nn.Module) -> ClientState:
+        """The base and the global head are the model; the local head stays private."""
         local = set(keys_under(model, "local_head"))
-        return [k for k in super().upload_keys(model) if k not in local]
+        return ClientState.of(model, [k for k in communicable_keys(model) if k not in local])
 
     def fit(self, model: DoubleHead, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         return self._train_local(model, data, seed, loss_fn=two_heads_loss)

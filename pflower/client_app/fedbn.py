@@ -9,12 +9,14 @@ from __future__ import annotations
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.models import communicable_keys, norm_keys
 
 
 class FedBNClient(ClientMethod):
     EVALUATES = "the global model as the server sends it, with its own normalization layers"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
+    def client_state(self, model: nn.Module) -> ClientState:
+        """Everything but the normalization layers is the model; they stay private."""
         local = set(norm_keys(model))
-        return [k for k in communicable_keys(model) if k not in local]
+        return ClientState.of(model, [k for k in communicable_keys(model) if k not in local])

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split
 from pflower.methods.fedem import PI_METRIC
 from pflower.models import communicable_keys
@@ -86,9 +87,9 @@ class FedEMClient(ClientMethod):
         super().__init__(settings)
         self._q: torch.Tensor | None = None  # the E-step of the message at hand (before_fit to fit)
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        """The K components (parameters and float buffers); π stays."""
-        return [k for k in communicable_keys(model) if k.startswith(COMPONENTS)]
+    def client_state(self, model: nn.Module) -> ClientState:
+        """The K components (parameters and float buffers) are the model; π stays private."""
+        return ClientState.of(model, [k for k in communicable_keys(model) if k.startswith(COMPONENTS)])
 
     def before_fit(self, model: nn.Module, data: Split, incoming, server_round: int) -> dict:
         """The E-step and the M-step on π (kept for :meth:`fit`); reports π, which the server

@@ -32,6 +32,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split
 from pflower.methods.federico import GOSSIP, GOSSIP_REPLY, MODEL, PLAN, REQUESTS, gossip_from, gossip_reply, model_of, update_for, update_from
 from pflower.overlay import View
@@ -114,6 +115,14 @@ def _as_record(buffer: dict[int, int]) -> ConfigRecord:
 class FedericoClient(ClientMethod):
     """See the module docstring."""
 
+    def client_state(self, model: nn.Module) -> ClientState:
+        """The model, relayed whole; besides it, its tables and this round's exchanges (private)."""
+        return ClientState.of(model, records={
+            TABLES: "its overlay view, tracked losses and this round's choices",
+            OWN_UPDATE: "its own weighted update, applied in the update step",
+            PEER: "each peer model received this round, for the mixture",
+        })  # fmt: skip
+
     LAST_STEP = "update"
     EVALUATES = "the mixture of its own and its neighbours' models, weighted by its collaboration weights"
 
@@ -173,7 +182,7 @@ class FedericoClient(ClientMethod):
             for i in sorted(int(x) for x in requests.get("gossip-from", [])):
                 view.merge(_buffer(incoming[gossip_from(i)]))
             if requests.get("requested-by", []):
-                out[MODEL] = to_record(model.state_dict(), self.upload_keys(model))
+                out[MODEL] = to_record(model.state_dict(), self.client_state(model).uploaded)
             self._save_tables(state, view, losses)
             return out
 
@@ -209,7 +218,7 @@ class FedericoClient(ClientMethod):
                 seed = int(np.random.SeedSequence([s.seed, client_id, server_round, j, 5]).generate_state(1)[0])
                 self._train_local(model, data, seed)
                 after = model.state_dict()
-                update = {k: weights[j] * (theta[k] - after[k]) for k in self.upload_keys(model)}
+                update = {k: weights[j] * (theta[k] - after[k]) for k in self.client_state(model).uploaded}
                 if j == client_id:
                     state[OWN_UPDATE] = to_record(update)
                 else:
@@ -221,7 +230,7 @@ class FedericoClient(ClientMethod):
 
         if phase == "update":
             own = model.state_dict()
-            keys = self.upload_keys(model)
+            keys = self.client_state(model).uploaded
             total = {k: torch.zeros_like(own[k], dtype=torch.float64) for k in keys}
             if OWN_UPDATE in state.array_records:
                 own_update = received_state(state[OWN_UPDATE], own)

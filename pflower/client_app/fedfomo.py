@@ -15,6 +15,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split, holdout
 from pflower.methods.fedfomo import IDS, PEER_PREFIX, WEIGHTS
 from pflower.models import layers
@@ -32,8 +33,9 @@ def fomo_weights(own_loss: float, losses: list[float], distances: list[float]) -
 class FedFomoClient(ClientMethod):
     EVALUATES = "its own model"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return [k for layer in layers(model) for k in layer.keys]
+    def client_state(self, model: nn.Module) -> ClientState:
+        """Every layer's parameters are the model; BN statistics stay private."""
+        return ClientState.of(model, [k for layer in layers(model) for k in layer.keys])
 
     def _split(self, data: Split) -> tuple[Split, Split]:
         return holdout(data, self.settings.params.val_fraction, self.settings.split_seed)
@@ -43,7 +45,7 @@ class FedFomoClient(ClientMethod):
         if not names:
             return {}
         _, validation = self._split(data)
-        keys = self.upload_keys(model)
+        keys = self.client_state(model).uploaded
         own = {k: v.detach().clone() for k, v in model.state_dict().items()}
         peers, losses, distances = [], [], []
         for name in names:

@@ -6,11 +6,13 @@ from __future__ import annotations
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.models import keys_under
 
 
 class LGFedAvgClient(ClientMethod):
     EVALUATES = "its own body with the global head as the server sends it"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return keys_under(model, "head")
+    def client_state(self, model: nn.Module) -> ClientState:
+        """The head is the model; the body stays private."""
+        return ClientState.of(model, keys_under(model, "head"))

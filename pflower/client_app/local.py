@@ -5,10 +5,12 @@ from __future__ import annotations
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 
 
 class LocalClient(ClientMethod):
     EVALUATES = "its own model"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return []
+    def client_state(self, model: nn.Module) -> ClientState:
+        """Everything stays private."""
+        return ClientState.of(model, [])

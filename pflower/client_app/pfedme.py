@@ -15,6 +15,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split
 from pflower.models import keys_under
 from pflower.models.mixing import AtLambda, MixedModel
@@ -23,8 +24,9 @@ from pflower.models.mixing import AtLambda, MixedModel
 class PFedMeClient(ClientMethod):
     EVALUATES = "its personalized model theta"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return keys_under(model, "fed")
+    def client_state(self, model: nn.Module) -> ClientState:
+        """w (``fed``) is the model; theta (``local``) stay private."""
+        return ClientState.of(model, keys_under(model, "fed"))
 
     def fit(self, model: MixedModel, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         p = self.settings.params

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split
 from pflower.models import communicable_keys
-from pflower.models.controls import C_CLIENT, C_SERVER, DELTA_C, controls
+from pflower.models.controls import C_CLIENT, C_SERVER, DELTA_C, PREFIX, controls
 
 
 def step_sum(steps: int, lr: float, momentum: float) -> float:
@@ -35,9 +36,17 @@ def step_sum(steps: int, lr: float, momentum: float) -> float:
 
 
 class ScaffoldClient(ClientMethod):
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        """The model (y: parameters and float buffers) and Δc_i; c and c_i stay."""
-        return [k for k in communicable_keys(model) if not k.startswith((C_SERVER, C_CLIENT))]
+    def client_state(self, model: nn.Module) -> ClientState:
+        """The model (x in, y out: parameters and float buffers); c from the server, Δc_i to
+        it; c_i private."""
+        keys = communicable_keys(model)
+        control = [k for k in keys if k.startswith(PREFIX)]
+        return ClientState.of(
+            model,
+            [k for k in keys if k not in control],
+            from_server=[k for k in control if k.startswith(C_SERVER)],
+            to_server=[k for k in control if k.startswith(DELTA_C)],
+        )
 
     def fit(self, model: nn.Module, data: Split, received: dict[str, torch.Tensor], seed: int, server_round: int) -> float:
         s = self.settings

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflower.client_app.base import ClientMethod
+from pflower.client_state import ClientState
 from pflower.datasets.federated import Split, holdout
 from pflower.methods.superfed import POOLED_KEY
 from pflower.models import keys_under
@@ -51,8 +52,9 @@ def choose_lambda(val_loss: Sequence[float], pooled: Sequence[float] | None = No
 class SuperFedClient(ClientMethod):
     EVALUATES = "the mixed model at the lambda chosen on held-out training data (own plus pooled held-out loss)"
 
-    def upload_keys(self, model: nn.Module) -> list[str]:
-        return keys_under(model, "fed")
+    def client_state(self, model: nn.Module) -> ClientState:
+        """w (``fed``) is the model; the local weights w_l stay private."""
+        return ClientState.of(model, keys_under(model, "fed"))
 
     def initial_state(self, model: MixedModel, client_id: int) -> dict[str, torch.Tensor]:
         """The common federated init, and local weights from the client's own seed, drawn on the

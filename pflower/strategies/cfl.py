@@ -29,8 +29,8 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from torch import nn
 
+from pflower.client_state import ClientState, Role
 from pflower.config import Settings
-from pflower.models.layers import RUNNING_STATS
 from pflower.records import FlatSpec, from_record, to_record
 from pflower.strategies.fedavg import weighted_average
 from pflower.strategies.loop import TrainRounds
@@ -105,6 +105,9 @@ class ClusteredFL(TrainRounds):
         No cluster splits in the first this many rounds.
     min_split_size : int (default: 3)
         A cluster splits only if it has at least this many clients.
+    parameters : list of str or None (default: None)
+        The arrays whose updates the clients' cosine similarities compare (the model's
+        parameters, not BatchNorm's statistics); None: every array of the initial model.
     **kwargs
         :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 
@@ -113,8 +116,12 @@ class ClusteredFL(TrainRounds):
         "cfl": "each cluster's record of the round: its clients, how many replied, its update norms, whether it split",
     }
 
-    def __init__(self, *, eps1: float = 0.4, eps2: float = 1.0, gamma_max: float = 0.0, warmup_rounds: int = 0, min_split_size: int = 3, **kwargs):
+    def __init__(
+        self, *, eps1: float = 0.4, eps2: float = 1.0, gamma_max: float = 0.0, warmup_rounds: int = 0, min_split_size: int = 3,
+        parameters: Sequence[str] | None = None, **kwargs,
+    ):  # fmt: skip
         super().__init__(**kwargs)
+        self.parameters = list(parameters) if parameters is not None else None
         if not eps1 > 0 or not eps2 >= 0:
             raise ValueError(f"eps1={eps1} must be > 0 and eps2={eps2} >= 0")
         if not 0 <= gamma_max < 1:
@@ -131,12 +138,13 @@ class ClusteredFL(TrainRounds):
         self._records: dict[int, ArrayRecord] = {}  # cluster index (-1: the global arrays) -> its arrays
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> ClusteredFL:
+    def from_settings(cls, settings: Settings, model: nn.Module, state: ClientState) -> ClusteredFL:
         p = settings.params
         strategy = cls(
-            **cls.common_kwargs(settings), eps1=p.eps1, eps2=p.eps2, gamma_max=p.gamma_max, warmup_rounds=p.warmup_rounds, min_split_size=p.min_split_size
-        )
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+            **cls.common_kwargs(settings), eps1=p.eps1, eps2=p.eps2, gamma_max=p.gamma_max, warmup_rounds=p.warmup_rounds, min_split_size=p.min_split_size,
+            parameters=state.parameters(Role.MODEL),
+        )  # fmt: skip
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)
         return strategy
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:
@@ -144,7 +152,7 @@ class ClusteredFL(TrainRounds):
         state = from_record(initial_arrays)
         self.dtypes = {k: v.dtype for k, v in state.items()}
         self.model_spec = FlatSpec.of(state)
-        self.update_spec = FlatSpec.of(state, [k for k in state if k.rpartition(".")[2] not in RUNNING_STATS])
+        self.update_spec = FlatSpec.of(state, self.parameters)  # None: every array
         self._set([list(range(self.federation.num_clients))], [state])
         n = self.federation.num_clients
         if self.min_split_size > n:

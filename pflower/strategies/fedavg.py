@@ -10,7 +10,6 @@ FedMedian and FedTrimmedAvg) the coordinate-wise median or trimmed mean. With
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from logging import INFO
 
 import torch
@@ -20,6 +19,7 @@ from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_a
 from flwr.serverapp import Grid
 from torch import nn
 
+from pflower.client_state import ClientState
 from pflower.config import Settings
 from pflower.records import FlatSpec, from_record, to_record
 from pflower.sharing import GradualSharing
@@ -78,12 +78,12 @@ class FedAvg(TrainRounds):
         self._records: dict[int, ArrayRecord] = {}  # units shared -> their current global arrays
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> FedAvg:
+    def from_settings(cls, settings: Settings, model: nn.Module, state: ClientState) -> FedAvg:
         s = settings
-        sharing = GradualSharing.of(model, upload_keys, s.gradual_interval)
+        sharing = GradualSharing.of(model, state.uploaded, s.gradual_interval)
         trim = {"trim_fraction": s.trim_fraction} if s.aggregation == "trimmed-mean" else {}
         strategy = cls(**cls.common_kwargs(s), aggregation=s.aggregation, sharing=sharing, **trim)
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)
         return strategy
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:

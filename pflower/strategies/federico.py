@@ -29,6 +29,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from pflower.client_state import ClientState
 from pflower.config import Settings
 from pflower.methods.federico import GOSSIP, GOSSIP_REPLY, MODEL, PLAN, REQUESTS, gossip_from, gossip_reply, model_of, update_for, update_from
 from pflower.overlay.peer_sampling import buffer_problem
@@ -63,11 +64,11 @@ class FedericoRelay(PflStrategy):
         self.model_spec: dict[str, ArraySpec] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings, model, upload_keys) -> FedericoRelay:
+    def from_settings(cls, settings: Settings, model, state: ClientState) -> FedericoRelay:
         from pflower.records import to_record
 
         strategy = cls(**cls.common_kwargs(settings), view_size=settings.params.view_size)
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)  # the shape of what clients relay
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)  # the shape of what clients relay
         return strategy
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:

@@ -9,12 +9,11 @@ computed; the server keeps the model and adds the weights to P. Clients evaluate
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
+from pflower.client_state import ClientState
 from pflower.config import Settings
 from pflower.methods.fedfomo import IDS, WEIGHTS, peer_model
 from pflower.models import layers
@@ -48,10 +47,10 @@ class FedFomo(PersonalModels):
         self.sent: dict[int, list[int]] = {}  # this round's: client -> the peers whose models it got
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> FedFomo:
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, state: ClientState) -> FedFomo:
         p = settings.params
         strategy = cls(**cls.common_kwargs(settings), m=p.m, epsilon=p.epsilon, layers=layers(model))
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)
         return strategy
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:

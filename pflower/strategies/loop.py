@@ -35,6 +35,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from pflower.checkpoint import Checkpoint, save_checkpoint
+from pflower.client_state import ClientState
 from pflower.config import ConfigError, Settings
 from pflower.records import to_record
 from pflower.results import RAY_NODES, Recorder
@@ -162,11 +163,11 @@ class PflStrategy(Strategy):
                     seed=s.seed, results_dir=s.results_dir, run_config=s.to_run_config())  # fmt: skip
 
     @classmethod
-    def from_settings(cls, settings: Settings, model, upload_keys) -> PflStrategy:
+    def from_settings(cls, settings: Settings, model, state: ClientState) -> PflStrategy:
         """The strategy of a pflower run: its keyword arguments from the run config, its initial
-        arrays the model's upload keys."""
+        arrays what the method's client declares it receives (:class:`~pflower.client_state.ClientState`)."""
         strategy = cls(**cls.common_kwargs(settings))
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)
         return strategy
 
     # -------------------------------------------------------------- hooks

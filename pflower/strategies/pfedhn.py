@@ -11,11 +11,11 @@ hypernetwork generates for them after the round. The server keeps no client mode
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 import torch
 from flwr.app import ArrayRecord
 
+from pflower.client_state import ClientState
 from pflower.config import Settings
 from pflower.models import layers
 from pflower.records import to_record
@@ -61,11 +61,11 @@ class PFedHN(PersonalModels):
         self.generator: ModelGenerator | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> PFedHN:
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, state: ClientState) -> PFedHN:
         p = settings.params
         strategy = cls(**cls.common_kwargs(settings), embedding_dim=p.embedding_dim, hidden_dim=p.hidden_dim, n_hidden=p.n_hidden,
                        hn_lr=p.hn_lr, momentum=p.momentum, weight_decay=p.weight_decay, layers=layers(model))  # fmt: skip
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)
         return strategy
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:

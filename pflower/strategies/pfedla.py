@@ -32,6 +32,7 @@ import torch
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 
+from pflower.client_state import ClientState
 from pflower.config import ConfigError, Settings
 from pflower.models import layers
 from pflower.records import to_record
@@ -87,11 +88,11 @@ class PFedLA(PersonalModels):
         self.unsynced: set[int] = set()  # trained, reply not accepted: own layers the server has not seen
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: torch.nn.Module, upload_keys: Sequence[str]) -> PFedLA:
+    def from_settings(cls, settings: Settings, model: torch.nn.Module, state: ClientState) -> PFedLA:
         p = settings.params
         strategy = cls(**cls.common_kwargs(settings), hn_lr=p.hn_lr, head_start=p.head_start, layer_loss=p.layer_loss, embedding_dim=p.embedding_dim,
                        hidden_dim=p.hidden_dim, key_dim=p.key_dim, top_k=getattr(p, "top_k", 0), layers=layers(model))  # fmt: skip
-        strategy.initial_arrays = to_record(model.state_dict(), upload_keys)
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)
         if strategy.top_k > len(strategy.layers):
             raise ConfigError([(f"{settings.method}.top-k", strategy.top_k, f"must be <= {len(strategy.layers)} (layers of the model)")])
         return strategy

@@ -3,10 +3,9 @@ w <- (1 - beta) w + beta mean_i(w_i) (beta = 1 is FedAvg)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch import nn
 
+from pflower.client_state import ClientState
 from pflower.config import Settings
 from pflower.strategies.fedavg import FedAvg
 from pflower.strategies.validation import Reply
@@ -28,8 +27,8 @@ class PFedMe(FedAvg):
         self.beta = beta
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> PFedMe:
-        strategy = super().from_settings(settings, model, upload_keys)
+    def from_settings(cls, settings: Settings, model: nn.Module, state: ClientState) -> PFedMe:
+        strategy = super().from_settings(settings, model, state)
         strategy.beta = settings.params.beta
         return strategy
 

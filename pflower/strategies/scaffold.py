@@ -17,9 +17,9 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
+from pflower.client_state import ClientState
 from pflower.config import ConfigError, Settings
 from pflower.models.controls import C_SERVER, DELTA_C, PREFIX
-from pflower.models.layers import RUNNING_STATS
 from pflower.records import from_record, to_record
 from pflower.strategies.loop import TrainRounds
 from pflower.strategies.validation import ArraySpec, Reply
@@ -27,23 +27,28 @@ from pflower.strategies.validation import ArraySpec, Reply
 
 class Scaffold(TrainRounds):
     """SCAFFOLD's server. The initial arrays are the model's (x), with the initial c as
-    ``scaffold.c.<key>`` arrays if given; without them c starts at zero for every float array
-    that is not a BatchNorm running statistic.
+    ``scaffold.c.<key>`` arrays if given (what pflower's client declares it receives); without
+    them c starts at zero for each of ``parameters``.
 
     Parameters
     ----------
     global_lr : float (default: 1.0)
         Server step η_g: x ← x + η_g·mean_i(y_i − x) over the round's clients.
+    parameters : list of str or None (default: None)
+        Without ``scaffold.c.<key>`` initial arrays: the arrays that get a control variate (the
+        model's parameters; its other arrays, BatchNorm's statistics, are averaged); None: every
+        array of the initial model.
     **kwargs
         :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 
     STATEFUL_CLIENTS = True  # each client keeps its c_i between rounds
 
-    def __init__(self, *, global_lr: float = 1.0, **kwargs):
+    def __init__(self, *, global_lr: float = 1.0, parameters: Sequence[str] | None = None, **kwargs):
         super().__init__(**kwargs)
         if not global_lr > 0:
             raise ValueError(f"global_lr={global_lr} must be > 0")
         self.global_lr = global_lr
+        self.parameters = list(parameters) if parameters is not None else None
         self.dtypes: dict[str, torch.dtype] = {}
         self.global_state: dict[str, torch.Tensor] = {}  # x, by the model's keys
         self.control: dict[str, torch.Tensor] = {}  # c, by parameter key
@@ -51,12 +56,11 @@ class Scaffold(TrainRounds):
         self._reference: dict[str, torch.Tensor] | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, model: nn.Module, upload_keys: Sequence[str]) -> Scaffold:
+    def from_settings(cls, settings: Settings, model: nn.Module, state: ClientState) -> Scaffold:
         if settings.optimizer != "sgd":
             raise ConfigError([("optimizer", settings.optimizer, "SCAFFOLD's control variates (option II) need 'sgd'")])
         strategy = cls(**cls.common_kwargs(settings), global_lr=settings.params.global_lr)
-        keys = [k for k in upload_keys if not k.startswith(DELTA_C)] + [C_SERVER + k[len(DELTA_C) :] for k in upload_keys if k.startswith(DELTA_C)]
-        strategy.initial_arrays = to_record(model.state_dict(), keys)
+        strategy.initial_arrays = to_record(model.state_dict(), state.received)  # x and c, as the client declares them
         return strategy
 
     def prepare(self, initial_arrays: ArrayRecord) -> None:
@@ -64,7 +68,7 @@ class Scaffold(TrainRounds):
         state = from_record(initial_arrays)
         self.global_state = {k: v for k, v in state.items() if not k.startswith(PREFIX)}
         given = {k[len(C_SERVER) :]: v for k, v in state.items() if k.startswith(C_SERVER)}
-        keys = list(given) or [k for k, v in self.global_state.items() if v.is_floating_point() and k.rpartition(".")[2] not in RUNNING_STATS]
+        keys = list(given) or (self.parameters if self.parameters is not None else list(self.global_state))
         if wrong := [k for k in keys if k not in self.global_state or given.get(k, self.global_state[k]).shape != self.global_state[k].shape]:
             raise ValueError(f"control variates without a model array of their shape: {wrong[:3]}")
         self.control = {k: given[k] if k in given else torch.zeros_like(self.global_state[k]) for k in keys}
