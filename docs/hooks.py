@@ -29,6 +29,11 @@ Markers (anywhere in a page but in a code span):
 - ``<!-- pflower:example NAME -->``: a short measured run of NAME's declared ``example`` (see :func:`example`)
 - ``<!-- pflower:records NAME -->``: every recorded run of method NAME in the benchmark suites
   (:func:`pflower.method_records.method_records_markdown`)
+- ``<!-- pflower:claims PAPER -->``: the checklist of PAPER's claims from ``bench/claims.toml`` and
+  the records (:func:`pflower.claims.checklist_markdown`); ``<!-- pflower:claim-counts -->``: each
+  paper's counts, linked to its checklist
+- ``<!-- pflower:twin-runs -->``: runs recorded in two suites with one config and seed whose
+  results differ, side by side with their machines (:func:`pflower.bench.twin_runs_markdown`)
 - ``<!-- pflower:include PATH -->``: a file of the repository (PATH from its root) as a code block
 - ``<!-- pflower:docker-test NAME -->``: the README's block marked ``<!-- docker-test: NAME -->``,
   the commands tests/test_docker_demo.py runs word for word
@@ -54,6 +59,8 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 from pflower import reference
+from pflower.bench import twin_runs_markdown
+from pflower.claims import checklist_markdown, counts_markdown, load_claims
 from pflower.method_records import method_records_markdown
 from pflower.methods import declarations
 
@@ -80,6 +87,16 @@ def example(name: str) -> str:
         return example_markdown(name, ROOT / "bench" / "records", ROOT / "bench" / "suites.toml")
     except (ValueError, KeyError, IndexError, OSError, SystemExit) as err:
         raise PluginError(f"the example of method '{name}': {err}") from None
+
+
+#: Each paper's claims (:mod:`pflower.claims`).
+CLAIMS = ROOT / "bench" / "claims.toml"
+
+
+def _paper(name: str | None, page: str) -> str:
+    if name not in load_claims(CLAIMS):
+        raise PluginError(f"{page}: no paper '{name}' in bench/claims.toml (it has {', '.join(load_claims(CLAIMS))})")
+    return name
 
 
 def _method(name: str | None, page: str) -> str:
@@ -130,6 +147,13 @@ def render(kind: str, arg: str | None, page: str) -> str:
         return example(_method(arg, page))
     if kind == "records":
         return method_records_markdown(_method(arg, page), ROOT / "bench" / "suites.toml", ROOT / "bench" / "records", DOCS, link="../" * page.count("/"))
+    if kind == "claims":
+        return checklist_markdown(_paper(arg, page), CLAIMS, ROOT / "bench" / "suites.toml", ROOT / "bench" / "records")
+    if kind == "claim-counts":
+        link = "docs/{page}" if page == README else "../" * page.count("/") + "{page}"
+        return counts_markdown(CLAIMS, ROOT / "bench" / "suites.toml", ROOT / "bench" / "records", link=link)
+    if kind == "twin-runs":
+        return twin_runs_markdown(ROOT / "bench" / "records")
     if kind == "include":
         return _include(arg, page)
     if kind == "docker-test":

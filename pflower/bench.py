@@ -45,6 +45,7 @@ from pflower.methods import declarations
 from pflower.plots import draw_mechanisms, plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
 from pflower.run_folder import CHECKPOINT, METRICS, clear_run
+from pflower.verdict import FAILS, HOLDS, WITHIN, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records"
@@ -552,10 +553,12 @@ def status(runs: list[Run], results: Path, records: Path, suite: str, cpus: int 
     return "\n".join(lines)
 
 
-def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS, cpus: int = 1, gpus: float = 0.0) -> None:
+def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS, cpus: int = 1, gpus: float = 0.0, allow_modified: bool = False) -> None:
     """Run what has no record on one private simulation SuperLink, each ClientApp with ``cpus``
     cores and a ``gpus`` share of a GPU; record each run as it ends. It prints runs done and
-    left, each round of the run under way and the suite's time left."""
+    left, each round of the run under way and the suite's time left. A checkout with uncommitted
+    changes to pflower/ or pyproject.toml makes no records unless ``allow_modified`` (its records
+    then say '+modified'): a record names the code that made it."""
     todo = [r for r in runs if not finished(r, results, records, suite)]
     for run in todo:  # every run's config is checked before the first one starts
         try:
@@ -566,6 +569,11 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; running {len(todo)}; {eta.left(todo)}", flush=True)
     if not todo:
         return
+    if "+modified" in (version := code_version()) and not allow_modified:
+        raise SystemExit(
+            f"pflower-bench: this checkout has uncommitted changes to pflower/ or pyproject.toml (code version {version}), and a record "
+            "names the commit that made it: commit them first, or pass --allow-modified (the records then say '+modified')"
+        )
     digests = {key: data_fingerprint(run.config) for key, run in {data_key(r.config): r for r in todo}.items()}
     check_same_data(runs, records, suite, digests)
     home = results / suite / ".flwr-home"  # per suite: two suites may run at once
@@ -667,15 +675,21 @@ def grid_rows(runs: list[Run], records: Path, suite: str) -> list[dict[str, Any]
 
 
 def ordering_sentence(rows: list[dict[str, Any]], paper_order: list[str]) -> str:
-    """Whether our ordering of the paper's methods (best first) is the paper's."""
-    ours = {r["method"]: float(np.mean(r["accuracy"])) for r in rows}
+    """Our ordering of the paper's methods (best first) beside the paper's, each of the paper's
+    pairs marked by the one rule of :func:`pflower.verdict.verdict` (a gap within the seeds'
+    spread does not count; one seed gives no verdict)."""
+    ours = {r["method"]: r["accuracy"] for r in rows}
     common = [m for m in paper_order if m in ours]
     if len(common) < 2:
         return ""
-    ranked = sorted(common, key=lambda m: -ours[m])
-    if ranked == common:
-        return f"Our ordering ({' > '.join(ranked)}) agrees with the paper's."
-    return f"Our ordering ({' > '.join(ranked)}) differs from the paper's ({' > '.join(common)})."
+    ranked = sorted(common, key=lambda m: -float(np.mean(ours[m])))
+    said = f"Ours by mean: {' > '.join(ranked)}; the paper's: {' > '.join(common)}."
+    if any(len(ours[m]) < 2 for m in common):
+        return f"{said} One seed: no verdict on the ordering."
+    marks = Counter(verdict(ours[a], ours[b]).mark for i, a in enumerate(common) for b in common[i + 1 :])
+    pairs = sum(marks.values())
+    return (f"{said} Of the paper's {pairs} pairwise ordering{'s' if pairs != 1 else ''}, {marks[HOLDS]} hold here beyond the seeds' spread, "
+            f"{marks[WITHIN]} within it only (a gap that does not count) and {marks[FAILS]} do not hold.")  # fmt: skip
 
 
 def machine_name(m: dict[str, Any] | None) -> str:
@@ -687,8 +701,37 @@ def machine_name(m: dict[str, Any] | None) -> str:
 
 def machines_sentence(rows: list[dict[str, Any]]) -> str:
     """Which machines made a table's records, with how many runs each: another kind of CPU or GPU
-    rounds differently, so a rerun elsewhere moves the numbers a little."""
-    return machine_counts("Runs made on", [doc["bench"].get("machine") for r in rows for doc in r["docs"]])
+    rounds differently, so a rerun elsewhere moves the numbers a little. A table of more than one
+    says that it mixes them."""
+    machines = [doc["bench"].get("machine") for r in rows for doc in r["docs"]]
+    mixed = len({machine_name(m) for m in machines}) > 1
+    return machine_counts("This table mixes machines, runs made on" if mixed else "Runs made on", machines)
+
+
+#: A commit in a record's code version (``machine.pflower``: "<release> <commit>[+modified]").
+COMMIT = re.compile(r"\b[0-9a-f]{12}\b")
+
+
+def provenance_gaps(doc: dict[str, Any]) -> list[str]:
+    """What a record does not say of what made it: 'code version' (no commit), 'data digest',
+    'modified tree' (made from uncommitted code); empty for a whole record."""
+    bench = doc.get("bench", {})
+    version = (bench.get("machine") or {}).get("pflower", "")
+    gaps = [] if COMMIT.search(version) else ["code version"]
+    gaps += [] if bench.get("data") else ["data digest"]
+    return gaps + (["modified tree"] if "+modified" in version else [])
+
+
+def provenance_sentence(rows: list[dict[str, Any]]) -> str:
+    """How many of a table's records lack a code version or a data digest, or were made from a
+    modified tree (bench/records-unnamed.txt lists each); empty when none."""
+    docs = [doc for r in rows for doc in r["docs"]]
+    gaps = Counter(g for doc in docs for g in provenance_gaps(doc))
+    if not gaps:
+        return ""
+    said = {"code version": "name no code version", "data digest": "name no data digest", "modified tree": "were made from a modified tree"}
+    parts = [f"{gaps[g]} {said[g]}" for g in said if gaps[g]]
+    return f"Of these {len(docs)} records, {', '.join(parts)} (made before records named them; bench/records-unnamed.txt lists each)."
 
 
 def machine_counts(start: str, machines: list[dict[str, Any] | None]) -> str:
@@ -709,7 +752,7 @@ def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) ->
         cells += [_mean_std(r["oracle-accuracy"]) if "oracle-accuracy" in r else "—"] if has_oracle else []
         cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", seeds_cell(r["seeds"], r["declared"])]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", machines_sentence(rows)]
+    lines += ["", " ".join(filter(None, [machines_sentence(rows), provenance_sentence(rows)]))]
     paper = grid.get("paper", {})
     if paper.get("text"):
         lines += ["", f"Paper: {paper['text']}"]
@@ -718,6 +761,36 @@ def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) ->
     if figures:
         lines += ["", " ".join(f"![{Path(f).stem}]({f})" for f in figures)]
     return "\n".join(lines) + "\n"
+
+
+def twin_runs_markdown(records: Path = RECORDS) -> str:
+    """Runs recorded in two suites with one config and seed (their places aside) whose results
+    differ, side by side with the machine and code that made each: a difference of machine or
+    code, never shown as one run."""
+    groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for path in sorted(records.rglob("*.json")):
+        doc = _read(path)
+        if doc is None or not isinstance(doc.get("bench"), dict) or not isinstance(doc.get("config"), dict):
+            continue
+        key = json.dumps({k: v for k, v in doc["config"].items() if k not in PLACES}, sort_keys=True)
+        groups.setdefault(key, []).append((path, doc))
+    lines = ["| run | accuracy | made on | code |", "| --- | --- | --- | --- |"]
+    gaps = []
+    for twins in groups.values():
+        if len(twins) < 2 or len({d["final"]["accuracy"] for _, d in twins}) < 2:
+            continue
+        accuracies = [d["final"]["accuracy"] for _, d in twins]
+        gaps.append((max(accuracies) - min(accuracies), twins[0][0].relative_to(records).with_suffix("").as_posix()))
+        for path, doc in twins:
+            m = doc["bench"].get("machine")
+            lines.append(
+                f"| `{path.relative_to(records).with_suffix('').as_posix()}` | {doc['final']['accuracy']:.4f} | {machine_name(m)} | "
+                f"{(m or {}).get('pflower') or 'not named'} |"
+            )
+    if not gaps:
+        return "None: every run recorded twice has the same results."
+    gap, where = max(gaps)
+    return "\n".join(lines) + f"\n\nThe largest difference between twins: {gap:.4f} (`{where}` and its twin)."
 
 
 def missing_data(runs: list[Run], root: Path) -> tuple[list[str], list[str]]:
@@ -933,6 +1006,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="build tables and figures from the records so far (the seeds column says how many); run nothing")
     p.add_argument("--readme", type=Path, help="the page with the headline tables of bench/headlines.toml (default: README.md, for the project's suite file)")
     p.add_argument("--status", action="store_true", help="print runs done and left per grid and the time left estimated from the records; run nothing")
+    p.add_argument(
+        "--allow-modified",
+        action="store_true",
+        help="run from a checkout with uncommitted changes to pflower/ or pyproject.toml (refused otherwise; the records say '+modified')",
+    )
     p.add_argument("--data-root", type=Path, help=f"the folder of the suites' data folders (default: ${DATA_ENV}, else ~/pflower-data)")
     p.add_argument("--cpus-per-client", type=core_count, default=1, help="CPU cores reserved per ClientApp (default: 1)")
     p.add_argument(
@@ -969,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if why := resources_problem(args.cpus_per_client, args.gpus_per_client):
             raise SystemExit(f"pflower-bench: {why}")
-        execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client)
+        execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client, args.allow_modified)
     page = args.page or (suite_page(args.suite) if kept else None)
     if page is None and not any(load_record(r, records, args.suite) for r in runs):
         raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")

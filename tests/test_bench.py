@@ -21,6 +21,8 @@ from pflower.bench import (
     main,
     make_record,
     ordering_sentence,
+    provenance_gaps,
+    provenance_sentence,
     report,
     suite_page,
 )
@@ -46,6 +48,13 @@ config = { partition = "iid" }
 methods = ["local", { label = "fedavg-slow", method = "fedavg", lr = 0.01 }]
 paper = { text = "numbers of the paper.", order = ["fedavg-slow", "local"] }
 """
+
+
+@pytest.fixture(autouse=True)
+def _committed_code(monkeypatch):
+    """The suite runs as from a clean checkout, whatever the working tree holds (a test of the
+    refusal below sets its own version)."""
+    monkeypatch.setattr("pflower.bench.code_version", lambda: "0.1.0 0123456789ab")
 
 
 def test_suite_file_expands_to_runs(tmp_path):
@@ -127,10 +136,19 @@ def test_a_leaf_suite_without_its_data_names_pflower_data(name, tmp_path):
         main([name, "--data-root", str(tmp_path), "--results", str(tmp_path / "r"), "--records", str(tmp_path / "rec")])
 
 
-def test_ordering_sentence():
-    rows = [{"method": "a", "accuracy": [0.9]}, {"method": "b", "accuracy": [0.8]}, {"method": "c", "accuracy": [0.95]}]
-    assert ordering_sentence(rows, ["c", "a", "b"]) == "Our ordering (c > a > b) agrees with the paper's."
-    assert ordering_sentence(rows, ["a", "c"]) == "Our ordering (c > a) differs from the paper's (a > c)."
+def test_ordering_sentence_marks_the_papers_pairs_by_the_spread_and_gives_one_seed_no_verdict():
+    one = [{"method": "a", "accuracy": [0.9]}, {"method": "b", "accuracy": [0.8]}, {"method": "c", "accuracy": [0.95]}]
+    assert ordering_sentence(one, ["c", "a", "b"]) == "Ours by mean: c > a > b; the paper's: c > a > b. One seed: no verdict on the ordering."
+    rows = [
+        {"method": "a", "accuracy": [0.90, 0.91, 0.92]},
+        {"method": "b", "accuracy": [0.80, 0.81, 0.82]},
+        {"method": "c", "accuracy": [0.905, 0.93, 0.95]},  # ahead of a by less than the spread
+    ]
+    assert ordering_sentence(rows, ["c", "a", "b"]) == (
+        "Ours by mean: c > a > b; the paper's: c > a > b. Of the paper's 3 pairwise orderings, 2 hold here beyond the seeds' spread, "
+        "1 within it only (a gap that does not count) and 0 do not hold."
+    )
+    assert ordering_sentence(rows, ["b", "a"]).endswith("0 hold here beyond the seeds' spread, 0 within it only (a gap that does not count) and 1 do not hold.")
     assert ordering_sentence(rows, ["a"]) == ""
 
 
@@ -141,8 +159,10 @@ def test_a_table_says_which_machines_made_its_records_and_how_many_runs_each():
     xeon = {"cpu": "Xeon", "cpus": 2, "gpus": [], "torch": "2.14.1"}
     h200 = {"cpu": "EPYC", "cpus": 16, "gpus": ["NVIDIA H200"], "torch": "2.14.1"}
     rows = [{"method": "a", "docs": [doc(xeon), doc(h200), doc(None)]}, {"method": "b", "docs": [doc(xeon), doc({**xeon, "torch": "2.15.0"})]}]
+    assert machines_sentence(rows[1:]) == "This table mixes machines, runs made on: Xeon, 2 cores, torch 2.14.1 (1 run); Xeon, 2 cores, torch 2.15.0 (1 run)."
+    assert machines_sentence([{"method": "a", "docs": [doc(xeon), doc(xeon)]}]) == "Runs made on: Xeon, 2 cores, torch 2.14.1 (2 runs)."
     assert machines_sentence(rows) == (
-        "Runs made on: Xeon, 2 cores, torch 2.14.1 (2 runs); EPYC, 16 cores, NVIDIA H200, torch 2.14.1 (1 run); "
+        "This table mixes machines, runs made on: Xeon, 2 cores, torch 2.14.1 (2 runs); EPYC, 16 cores, NVIDIA H200, torch 2.14.1 (1 run); "
         "Xeon, 2 cores, torch 2.15.0 (1 run); a machine not recorded (1 run)."
     )
 
@@ -650,11 +670,14 @@ def test_a_suites_data_is_found_under_the_data_root_and_its_absence_is_named(tmp
 
 
 def _unrecorded_tables(text: str) -> list[str]:
-    """The results tables of a page outside the blocks pflower-bench writes (a table with a
-    decimal number in its body) whose preceding paragraph does not say "No record yet"."""
+    """The results tables of a page outside the blocks pflower-bench and the docs build write from
+    the records (a table with a decimal number in its body) whose preceding paragraph does not
+    say "No record yet"."""
     import re
 
     text = re.sub(r"<!-- (bench|headline|mechanism):([a-z0-9-]+):start -->.*?<!-- \1:\2:end -->", "", text, flags=re.S)
+    # the docs build's sections generated from the records (tests/test_docs.py keeps them current)
+    text = re.sub(r"<!-- pflower:(claims|claim-counts|twin-runs)\b[^>]*-->.*?<!-- /pflower:\1 -->", "", text, flags=re.S)
     found, lines = [], text.split("\n")
     for k, line in enumerate(lines):
         if line.startswith("|") and k + 1 < len(lines) and re.fullmatch(r"\|[\s:|-]+\|", lines[k + 1]) and not lines[k - 1].startswith("|"):
@@ -1034,3 +1057,58 @@ def test_a_methods_rows_follow_its_records_in_every_grid(tmp_path):
         "| [tiny / g](../reproductions/tiny.md) | `avg-fast` | 3 | 0.8000 ± 0.1000 | 2.0 | =1 of 4 | +0.100 (2 of 3 above) | 0.000 (1 of 3 above, 2 level) |",
     ]
     assert method_records_markdown("ditto", suites, tmp_path / "records", docs) == "No benchmark suite has a record of `ditto` yet.\n"
+
+
+def test_a_checkout_with_uncommitted_code_makes_no_record_unless_told_and_then_the_record_says_so(tmp_path, monkeypatch):
+    (tmp_path / "suites.toml").write_text(SUITE)
+    _, runs = load_suite(tmp_path / "suites.toml", "tiny")
+    monkeypatch.setattr("pflower.bench.code_version", lambda: "0.1.0 0123456789ab+modified")
+    with pytest.raises(SystemExit, match=r"uncommitted changes .*0123456789ab\+modified.*--allow-modified"):
+        execute(runs, tmp_path / "results", "tiny", tmp_path / "records")
+    assert not (tmp_path / "results" / "tiny").exists()
+    with pytest.raises(SystemExit, match=r"uncommitted changes"):
+        main(
+            [
+                "tiny",
+                "--file",
+                str(tmp_path / "suites.toml"),
+                "--results",
+                str(tmp_path / "r"),
+                "--records",
+                str(tmp_path / "rec"),
+                "--data-root",
+                str(tmp_path),
+            ]
+        )
+
+
+def test_provenance_gaps_name_what_a_record_does_not_say():
+    whole = {"bench": {"machine": {"pflower": "0.1.0 0123456789ab"}, "data": "d" * 32}}
+    assert provenance_gaps(whole) == []
+    assert provenance_gaps({"bench": {"machine": {"pflower": "0.1.0 0123456789ab+modified"}, "data": "d"}}) == ["modified tree"]
+    assert provenance_gaps({"bench": {"wall-seconds": 1.0}}) == ["code version", "data digest"]
+    rows = [{"docs": [whole, {"bench": {"machine": {"pflower": "unreleased"}, "data": "d"}}]}]
+    assert provenance_sentence(rows).startswith("Of these 2 records, 1 name no code version (")
+    assert provenance_sentence([{"docs": [whole]}]) == ""
+
+
+#: The records that lack a code version or a data digest, or came from a modified tree: made
+#: before records named them, kept and listed (their pages count them); no new one may join.
+UNNAMED = ROOT / "bench" / "records-unnamed.txt"
+
+
+def _unnamed() -> list[str]:
+    out = []
+    for records in sorted(ROOT.glob("bench/records*")):
+        for path in sorted(records.rglob("*.json")):
+            doc = json.loads(path.read_text())
+            if isinstance(doc.get("bench"), dict) and (gaps := provenance_gaps(doc)):  # a suite's record (flbench's and the swaps' have their own form)
+                out.append(f"{path.relative_to(ROOT)}: {', '.join(gaps)}")
+    return out
+
+
+def test_every_suite_record_names_its_code_and_data_or_is_listed_as_made_before_they_were():
+    listed = [line for line in UNNAMED.read_text().splitlines() if line and not line.startswith("#")]
+    found = _unnamed()
+    assert not sorted(set(found) - set(listed)), "records without a code version or data digest: make them again from a committed checkout"
+    assert found == listed, "bench/records-unnamed.txt lists records that are gone or now whole: remove those lines"
