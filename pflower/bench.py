@@ -740,12 +740,19 @@ def machine_counts(start: str, machines: list[dict[str, Any] | None]) -> str:
     return f"{start}: " + "; ".join(f"{name} ({n} run{'s' if n > 1 else ''})" for name, n in sorted(made.items(), key=lambda kv: (-kv[1], kv[0]))) + "."
 
 
-def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) -> str:
+def anchor(suite_name: str, grid_name: str) -> str:
+    """The id of a grid's table on its page (the claims' checklists link to it)."""
+    return f"{suite_name}-{grid_name}"
+
+
+def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = (), suite_name: str = "") -> str:
     has_global = all("global-accuracy" in r for r in rows)
     has_oracle = any("oracle-accuracy" in r for r in rows)
     head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else [])
     head += (["acc. at test-chosen λ"] if has_oracle else []) + ["MiB (down + up)", "wall s", "seeds"]
     lines = [f"#### {grid.get('title', grid['name'])}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    if suite_name:
+        lines[:0] = [f'<a id="{anchor(suite_name, grid["name"])}"></a>', ""]
     for r in rows:
         cells = [r["method"], _mean_std(r["accuracy"]), _mean_std(r["weighted-accuracy"])]
         cells += [_mean_std(r["global-accuracy"])] if has_global else []
@@ -824,7 +831,9 @@ def suite_page(suite_name: str, docs: Path = DOCS) -> Path | None:
 
 def no_record(suite_name: str, grid: dict) -> str:
     """A grid's place on its page while it has no record: its title and the command that runs it."""
-    return f"#### {grid.get('title', grid['name'])}\n\nNo record yet: `pflower-bench {suite_name}` runs it.\n"
+    return (
+        f'<a id="{anchor(suite_name, grid["name"])}"></a>\n\n#### {grid.get("title", grid["name"])}\n\nNo record yet: `pflower-bench {suite_name}` runs it.\n'
+    )
 
 
 def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir: Path, page: Path | None) -> str:
@@ -855,7 +864,7 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
                 if r["method"] in grid.get("mechanism", []):
                     figures += draw_mechanisms(r["docs"][0], figure_dir, f"{grid['name']}-{r['method']}-")
             links = [f.relative_to(page.parent).as_posix() for f in figures] if page is not None else []
-            parts.append(markdown(grid, rows, links))
+            parts.append(markdown(grid, rows, links, suite_name))
     text = "\n".join(parts)
     (out_dir / "table.md").write_text(text)
     if page is not None:

@@ -9,6 +9,7 @@ by one rule; the pages' checklists (:func:`checklist_markdown`) and the README's
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from pflower.bench import load_record, load_suite
-from pflower.verdict import MARKS, RULE, UNTESTED, Verdict, verdict
+from pflower.bench import DOCS, anchor, load_record, load_suite, suite_page
+from pflower.verdict import FAILS, MARKS, RULE, UNTESTED, Verdict, verdict
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ def _line(claim: str, source: str, spec: dict, a: str, b: str, suites: Path, rec
     if value not in VALUES or spec.get("kind", "above") not in KINDS:
         raise ValueError(f"bench/claims.toml: {claim!r}: value must be one of {VALUES} and kind one of {KINDS}")
     by_a = _figures(spec["suite"], spec["grid"], a, value, suites, records, cache)
-    by_b = _figures(spec["suite"], spec["grid"], b, value, suites, records, cache)
+    value_b = spec.get("value-b", value)
+    if value_b not in VALUES:
+        raise ValueError(f"bench/claims.toml: {claim!r}: value-b must be one of {VALUES}")
+    by_b = _figures(spec["suite"], spec["grid"], b, value_b, suites, records, cache)
     fa, fb = list(by_a.values()), list(by_b.values())
     if not fa or not fb:
         return Line(claim, source, "—", Verdict(UNTESTED, f"no record yet: `pflower-bench {spec['suite']}`"))
@@ -80,8 +84,16 @@ def _line(claim: str, source: str, spec: dict, a: str, b: str, suites: Path, rec
     return Line(claim, source, _ours(fa, fb, value, (a, b)), v)
 
 
+def evidence(spec: dict, page: str) -> str:
+    """A link from ``page`` (a path under docs/) to the table of a claim's suite and grid."""
+    held = suite_page(spec["suite"])
+    target = os.path.relpath(held, (DOCS / page).parent) if held is not None else ""
+    return f"[`{spec['suite']}`, grid `{spec['grid']}`]({Path(target).as_posix()}#{anchor(spec['suite'], spec['grid'])})"
+
+
 def lines(paper: dict, suites: Path, records: Path) -> list[Line]:
     """Every line of one paper's checklist: its tables' pairs, its stated findings, what is untested."""
+    page = paper.get("page", "")
     out: list[Line] = []
     cache: dict = {}
     for table in paper.get("table", []):
@@ -93,14 +105,16 @@ def lines(paper: dict, suites: Path, records: Path) -> list[Line]:
                     continue
                 a, b = (proposed, other) if figures[proposed] >= figures[other] else (other, proposed)
                 source = f"{table['paper'][a]} % against {table['paper'][b]} %"
-                line = _line(f"{a} above {b}", source, table, a, b, suites, records, cache)
-                pairs.append(Line(line.claim, line.source, line.ours, line.verdict, f"{table['source']} (ours: `{table['suite']}`, grid `{table['grid']}`)"))
+                against = " (a baseline the paper ranks above its method)" if a not in table["proposed"] else ""
+                line = _line(f"{a} above {b}{against}", source, table, a, b, suites, records, cache)
+                pairs.append(Line(line.claim, line.source, line.ours, line.verdict, f"{table['source']} (ours: {evidence(table, page)})"))
         if pairs and all(p.verdict.mark == UNTESTED for p in pairs):  # a table without records: one line
             pairs = [Line(f"{table['source']}: its {len(pairs)} orderings", "", "—", pairs[0].verdict, UNTESTED_GROUP)]
         out += pairs
     for claim in paper.get("claim", []):
         line = _line(claim["text"], claim["source"], claim, claim["a"], claim["b"], suites, records, cache)
-        out.append(Line(line.claim, line.source, line.ours, line.verdict, FINDINGS if line.verdict.mark != UNTESTED else UNTESTED_GROUP))
+        ours = f"{line.ours} ({evidence(claim, page)})" if line.verdict.mark != UNTESTED else line.ours
+        out.append(Line(line.claim, line.source, ours, line.verdict, FINDINGS if line.verdict.mark != UNTESTED else UNTESTED_GROUP))
     for item in paper.get("untested", []):
         out.append(Line(item["what"], "", "—", Verdict(UNTESTED, item["why"]), UNTESTED_GROUP))
     return out
@@ -120,8 +134,7 @@ def checklist_markdown(name: str, claims: Path, suites: Path, records: Path) -> 
     if name not in papers:
         raise ValueError(f"{claims} has no paper '{name}' (it has {', '.join(papers)})")
     rows = lines(papers[name], suites, records)
-    counts = _counts(rows)
-    out = [f"{', '.join(f'{counts[m]} {m}' for m in MARKS if counts[m])} ({len(rows)} lines; a table without records is one line; the rule is at the end)."]
+    out = [f"{_summary(rows)} ({len(rows)} lines; a table without records is one line; the rule is at the end)."]
     for group in dict.fromkeys(r.group for r in rows):
         mine = [r for r in rows if r.group == group]
         out += ["", f"**{group}**", ""]
@@ -143,11 +156,24 @@ def _counts(rows: list[Line]) -> dict[str, int]:
     return {m: sum(r.verdict.mark == m for r in rows) for m in MARKS}
 
 
+def _level(rows: list[Line]) -> int:
+    """The lines that do not hold by a gap within the spread (level, not reversed)."""
+    return sum(r.verdict.mark == FAILS and "within the spread" in r.verdict.detail for r in rows)
+
+
+def _summary(rows: list[Line]) -> str:
+    counts, level = _counts(rows), _level(rows)
+    return ", ".join(f"{counts[m]} {m}" + (f" ({level} of them level within the spread)" if m == FAILS and level else "") for m in MARKS if counts[m])
+
+
 def counts_markdown(claims: Path, suites: Path, records: Path, link: str = "docs/{page}") -> str:
     """The README's table: each paper's count of claims by mark, linked to its checklist."""
     out = ["| paper | " + " | ".join(MARKS) + " |", "| --- |" + " ---: |" * len(MARKS)]
     for paper in load_claims(claims).values():
-        counts = _counts(lines(paper, suites, records))
+        rows = lines(paper, suites, records)
+        counts = _counts(rows)
         target = link.format(page=paper["page"]) + "#claims"
-        out.append(f"| [{paper['title']}]({target}) | " + " | ".join(str(counts[m]) for m in MARKS) + " |")
+        level = _level(rows)
+        cells = [f"{counts[m]} ({level} level)" if m == FAILS and level else str(counts[m]) for m in MARKS]
+        out.append(f"| [{paper['title']}]({target}) | " + " | ".join(cells) + " |")
     return "\n".join(out)

@@ -18,15 +18,18 @@ MARKS = (HOLDS, WITHIN, FAILS, NO_VERDICT, UNTESTED)
 
 #: What each mark means, as the checklists state it.
 RULE = (
-    "A claim compares two methods' final figures over the same seeds. The margin is how far the "
-    "first is ahead of the second (in accuracy; in MiB sent, how much less it sends, or how far "
-    "below the given share of the second's); the spread is the larger of the two methods' "
-    "standard deviations over seeds (the second's times the share, where one is given). **holds**: the margin exceeds the spread. **holds within "
-    "spread only**: the margin is positive but does not exceed the spread (the order is the "
-    "paper's; the difference does not count). **does not hold**: the margin is zero or negative "
-    '("within the spread" when its size does not exceed the spread). **no verdict**: fewer than '
-    'two seeds of either method. A "no-worse" claim holds while the first is not behind by more '
-    "than the spread. **not tested here**: no record, with the reason."
+    "A claim compares two methods' final figures over their recorded seeds. The margin is how far "
+    "the first is ahead of the second (in accuracy; in MiB sent, how far below the stated share of "
+    "the second's it stays); the spread is the larger of the two methods' standard deviations over "
+    "seeds (the second's times the share). **holds**: the margin exceeds the spread. **holds within "
+    "spread only**: the margin is positive but does not exceed the spread (the paper's order, by a "
+    'gap that does not count). **does not hold**: the margin is zero or negative; "within the '
+    'spread" when its size does not exceed the spread (level), else beyond it. **no verdict**: '
+    'fewer than two seeds of either method. A "no-worse" claim holds when the first is not '
+    "behind, holds within spread only when it is behind by no more than the spread, and does not "
+    'hold beyond that. **not tested here**: no record, with the reason. "Ahead on k of n seeds" '
+    "counts the seeds both methods ran. Orderings the paper's tables give against its own methods "
+    "(a baseline above a proposed method) are marked the same way and say so."
 )
 
 

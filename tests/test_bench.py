@@ -440,7 +440,9 @@ def test_a_suite_without_records_shows_only_its_commands(tmp_path):
     with pytest.raises(SystemExit, match="suite 'tiny' has no records in .*: nothing to report"):  # no page: nothing to write
         main(["tiny", "--report-only", *args])
     assert main(["tiny", "--report-only", *args, "--page", str(page)]) == 0
-    assert page.read_text() == "<!-- bench:tiny:start -->\n#### digits, 3 clients\n\nNo record yet: `pflower-bench tiny` runs it.\n<!-- bench:tiny:end -->\n"
+    assert page.read_text() == (
+        '<!-- bench:tiny:start -->\n<a id="tiny-g"></a>\n\n#### digits, 3 clients\n\nNo record yet: `pflower-bench tiny` runs it.\n<!-- bench:tiny:end -->\n'
+    )
 
 
 HEADLINES = """
