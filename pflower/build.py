@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pflower.client_state import Role
 from pflower.config import MODEL_MIN_SIZE, ConfigError, Settings, machine_memory, size_text
 from pflower.datasets import federated
 from pflower.datasets.folder import FolderError
@@ -87,7 +88,13 @@ def build_strategy(settings: Settings, shape: tuple[int, int, int] | None = None
     model = build_model(settings, shape, num_classes, settings.seed)
     client = client_method(settings)
     method = get(settings.method)
-    strategy = method.strategy_class().from_settings(settings, model, client.client_state(model))
+    state, server = client.client_state(model), method.strategy_class()
+    if (one_way := state.keys(Role.FROM_SERVER, Role.TO_SERVER)) and not server.ONE_WAY_ARRAYS:
+        raise ValueError(
+            f"method '{settings.method}' declares arrays that go one way only ({one_way[:3]}), which its server {server.__name__} "
+            "neither sends nor takes apart: give the method a server that handles them (ONE_WAY_ARRAYS, as SCAFFOLD's)"
+        )
+    strategy = server.from_settings(settings, model, state)
     strategy.gate.schemas.update(method.reply_schemas())
     strategy.evaluation = {"evaluates": client.EVALUATES, "finetune-epochs": client.finetune_epochs}
     return strategy

@@ -89,10 +89,10 @@ def test_replies_carry_only_uploaded_arrays_and_messages_only_received_ones(tmp_
     assert all(set(m.content.array_records["arrays"].keys()) <= set(state.received) for m in grid.sent if "arrays" in m.content.array_records)
 
 
-def _runtime(method: str):
+def _runtime(method: str, **more):
     client_app._shared.cache_clear()
     client_app._runtime.cache_clear()
-    return client_app._runtime(_settings(method), 0, 3)
+    return client_app._runtime(_settings(method, **more), 0, 3)
 
 
 def test_a_message_carrying_a_private_array_is_refused_naming_it():
@@ -138,3 +138,52 @@ def test_a_declaration_naming_what_the_model_lacks_or_twice_or_an_integer_array_
     state = ClientState.of(model)
     assert state.private == ["1.num_batches_tracked"]
     assert state.parameters(Role.MODEL) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+def test_a_client_still_overriding_upload_keys_is_refused_when_defined():
+    """The hook before client_state would be ignored, and what it kept private uploaded."""
+    from pflower.client_app.base import ClientMethod
+
+    with pytest.raises(TypeError, match="overrides upload_keys, which pflower no longer calls: declare client_state"):
+
+        class Old(ClientMethod):
+            def upload_keys(self, model):
+                return []
+
+
+def test_one_way_arrays_on_a_server_that_sends_and_takes_the_same_arrays_are_refused(monkeypatch):
+    from pflower.client_app.base import ClientMethod
+
+    def declared(self, model):
+        keys = [k for k, v in model.state_dict().items() if v.is_floating_point()]
+        return ClientState.of(model, keys[:-1], to_server=keys[-1:])
+
+    monkeypatch.setattr(ClientMethod, "client_state", declared)
+    with pytest.raises(ValueError, match="method 'fedavg' declares arrays that go one way only .* its server FedAvg"):
+        build_strategy(_settings("fedavg"))
+
+
+def test_a_user_built_scaffold_must_be_told_its_parameters():
+    from pflower.strategies import Scaffold
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    state = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+    with pytest.raises(ValueError, match=r"pass parameters=\[k for k, _ in model.named_parameters\(\)\]"):
+        Scaffold().prepare(to_record(state))
+    strategy = Scaffold(parameters=[k for k, _ in model.named_parameters()])
+    strategy.prepare(to_record(state))
+    assert sorted(strategy.control) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+
+
+def test_fedfomo_weighs_only_arrays_its_client_receives():
+    """Another client's model arrives in a record of its own: a private array in it is refused too."""
+    from flwr.app import RecordDict
+
+    from pflower.methods.fedfomo import PEER_PREFIX
+
+    rt = _runtime("fedfomo", model="cnn-bn")
+    private = {k: v for k, v in rt.model.state_dict().items() if k in rt.shared.state.private and v.is_floating_point()}
+    assert any(k.endswith("running_mean") for k in private)  # BatchNorm's statistics stay with the client
+    incoming = RecordDict({f"{PEER_PREFIX}1": to_record({**{k: rt.model.state_dict()[k] for k in rt.shared.state.received}, **private})})
+    with pytest.raises(ValueError, match="arrays this model does not have"):
+        rt.method.before_fit(rt.model, rt.train, incoming, 2)

@@ -29,6 +29,13 @@ class ClientMethod:
     #: What this method evaluates (metrics.json records it with the fine-tuning epochs).
     EVALUATES = "the global model as the server sends it"
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "upload_keys" in vars(cls):  # the hook before client_state: it would be ignored, and a private array uploaded
+            raise TypeError(
+                f"{cls.__name__} overrides upload_keys, which pflower no longer calls: declare client_state(model) instead (docs/adding-a-method.md)"
+            )
+
     def __init__(self, settings: Settings):
         self.settings = settings
         #: The step-size factor of the round at hand, (1 - ``lr-decay``) ** (round - 1).

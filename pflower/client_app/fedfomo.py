@@ -45,11 +45,12 @@ class FedFomoClient(ClientMethod):
         if not names:
             return {}
         _, validation = self._split(data)
-        keys = self.client_state(model).uploaded
+        state = self.client_state(model)
+        keys = state.uploaded
         own = {k: v.detach().clone() for k, v in model.state_dict().items()}
         peers, losses, distances = [], [], []
         for name in names:
-            theta = received_state(incoming[name], own)
+            theta = received_state(incoming[name], {k: own[k] for k in state.received})  # another client's model: what this one receives
             model.load_state_dict(theta, strict=False)
             losses.append(evaluate(model, validation).loss)
             distances.append(float(sum((theta[k].double() - own[k].double()).square().sum() for k in keys)) ** 0.5)

@@ -106,8 +106,9 @@ class ClusteredFL(TrainRounds):
     min_split_size : int (default: 3)
         A cluster splits only if it has at least this many clients.
     parameters : list of str or None (default: None)
-        The arrays whose updates the clients' cosine similarities compare (the model's
-        parameters, not BatchNorm's statistics); None: every array of the initial model.
+        The arrays whose updates the clients' cosine similarities and norms compare (pass the
+        model's parameters to leave BatchNorm's statistics out, as pflower's own runs do); None:
+        every array of the initial model, statistics included.
     **kwargs
         :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 

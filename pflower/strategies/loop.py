@@ -102,6 +102,9 @@ class PflStrategy(Strategy):
     """
 
     STATEFUL_CLIENTS = False
+    #: The strategy handles arrays that go one way only (a method's ``FROM_SERVER`` and
+    #: ``TO_SERVER`` arrays, :mod:`pflower.client_state`); the others send and take the same arrays.
+    ONE_WAY_ARRAYS = False
     #: The keys every strategy's metrics.json rows may hold (docs/results.md says what each is).
     #: A subclass declares only the keys it adds, each with what it holds; :meth:`row_keys`
     #: joins them up its bases, and docs/results.md's table of them is generated.

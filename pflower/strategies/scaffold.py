@@ -36,12 +36,13 @@ class Scaffold(TrainRounds):
         Server step η_g: x ← x + η_g·mean_i(y_i − x) over the round's clients.
     parameters : list of str or None (default: None)
         Without ``scaffold.c.<key>`` initial arrays: the arrays that get a control variate (the
-        model's parameters; its other arrays, BatchNorm's statistics, are averaged); None: every
-        array of the initial model.
+        model's parameters; its other arrays, BatchNorm's statistics, are averaged). One of the
+        two is needed: the server cannot tell parameters from statistics by their arrays.
     **kwargs
         :class:`~pflower.strategies.loop.TrainRounds`' parameters."""
 
     STATEFUL_CLIENTS = True  # each client keeps its c_i between rounds
+    ONE_WAY_ARRAYS = True  # c goes to the clients, Δc_i comes back
 
     def __init__(self, *, global_lr: float = 1.0, parameters: Sequence[str] | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -68,7 +69,13 @@ class Scaffold(TrainRounds):
         state = from_record(initial_arrays)
         self.global_state = {k: v for k, v in state.items() if not k.startswith(PREFIX)}
         given = {k[len(C_SERVER) :]: v for k, v in state.items() if k.startswith(C_SERVER)}
-        keys = list(given) or (self.parameters if self.parameters is not None else list(self.global_state))
+        if not given and self.parameters is None:
+            raise ValueError(
+                "SCAFFOLD keeps a control variate per parameter and none for BatchNorm's statistics: pass "
+                "parameters=[k for k, _ in model.named_parameters()], or initial arrays with 'scaffold.c.<key>' arrays "
+                "(pflower.models.controls.with_controls)"
+            )
+        keys = list(given) or list(self.parameters or [])
         if wrong := [k for k in keys if k not in self.global_state or given.get(k, self.global_state[k]).shape != self.global_state[k].shape]:
             raise ValueError(f"control variates without a model array of their shape: {wrong[:3]}")
         self.control = {k: given[k] if k in given else torch.zeros_like(self.global_state[k]) for k in keys}
