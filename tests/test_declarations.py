@@ -62,7 +62,8 @@ def test_the_docs_show_the_example_serverapp_as_it_is():
 def test_a_new_methods_declaration_alone_updates_every_generated_place(tmp_path, monkeypatch):
     """A throwaway method declared in a module of its own (a folder added to the registry's
     package path, as a new file in pflower/methods/ would be): the README's table and method
-    count, docs/index.md's count and the methods index's table all gain it when the pages are
+    count, docs/index.md's count, the methods index's table and the guide's table of client state
+    all gain it when the pages are
     regenerated (one command: docs/hooks.py --write), and the README's length check does not count
     the table's new row. Nothing else needs an edit for these places."""
     import importlib.util
@@ -89,6 +90,8 @@ def test_a_new_methods_declaration_alone_updates_every_generated_place(tmp_path,
         assert "<!-- pflower:method-count -->23<!-- /pflower:method-count --> methods" in index
         methods = hooks.regenerate((ROOT / "docs" / "methods" / "index.md").read_text(), "methods/index.md")
         assert "| [`throwaway`](throwaway.md) | a method declared for this test only |" in methods
+        guide = hooks.regenerate((ROOT / "docs" / "adding-a-method.md").read_text(), "adding-a-method.md")
+        assert "| [`throwaway`](methods/throwaway.md) | 8 arrays, 22,602 numbers (`body.*`, `head.*`) | none | none | none |" in guide  # its client state
         table = re.search(r"<!-- pflower:method-files -->.*?<!-- /pflower:method-files -->", readme, re.S)[0]
         assert len(readme.replace(table, "").splitlines()) == len(
             README.replace(re.search(r"<!-- pflower:method-files -->.*?<!-- /pflower:method-files -->", README, re.S)[0], "").splitlines()
