@@ -638,7 +638,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
             print(f"    done in {wall:.0f} s; record {run.record(records, suite)}", flush=True)
 
 
-def _mean_std(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
+    """Mean over seeds, with the sample standard deviation where there are two or more."""
     a = np.array(values, dtype=np.float64)
     return f"{a.mean():.4f}" if len(a) == 1 else f"{a.mean():.4f} ± {a.std(ddof=1):.4f}"
 
@@ -745,18 +746,17 @@ def anchor(suite_name: str, grid_name: str) -> str:
     return f"{suite_name}-{grid_name}"
 
 
-def markdown(grid: dict, rows: list[dict[str, Any]], figures: list[str] = (), suite_name: str = "") -> str:
+def markdown(suite_name: str, grid: dict, rows: list[dict[str, Any]], figures: list[str] = ()) -> str:
     has_global = all("global-accuracy" in r for r in rows)
     has_oracle = any("oracle-accuracy" in r for r in rows)
     head = ["method", "final mean acc.", "weighted acc."] + (["global acc."] if has_global else [])
     head += (["acc. at test-chosen λ"] if has_oracle else []) + ["MiB (down + up)", "wall s", "seeds"]
     lines = [f"#### {grid.get('title', grid['name'])}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    if suite_name:
-        lines[:0] = [f'<a id="{anchor(suite_name, grid["name"])}"></a>', ""]
+    lines[:0] = [f'<a id="{anchor(suite_name, grid["name"])}"></a>', ""]
     for r in rows:
-        cells = [r["method"], _mean_std(r["accuracy"]), _mean_std(r["weighted-accuracy"])]
-        cells += [_mean_std(r["global-accuracy"])] if has_global else []
-        cells += [_mean_std(r["oracle-accuracy"]) if "oracle-accuracy" in r else "—"] if has_oracle else []
+        cells = [r["method"], mean_std(r["accuracy"]), mean_std(r["weighted-accuracy"])]
+        cells += [mean_std(r["global-accuracy"])] if has_global else []
+        cells += [mean_std(r["oracle-accuracy"]) if "oracle-accuracy" in r else "—"] if has_oracle else []
         cells += [f"{r['mb']:.1f}", f"{r['wall-s']:.0f}", seeds_cell(r["seeds"], r["declared"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", " ".join(filter(None, [machines_sentence(rows), provenance_sentence(rows)]))]
@@ -864,7 +864,7 @@ def report(suite_name: str, suite: dict, runs: list[Run], records: Path, out_dir
                 if r["method"] in grid.get("mechanism", []):
                     figures += draw_mechanisms(r["docs"][0], figure_dir, f"{grid['name']}-{r['method']}-")
             links = [f.relative_to(page.parent).as_posix() for f in figures] if page is not None else []
-            parts.append(markdown(grid, rows, links, suite_name))
+            parts.append(markdown(suite_name, grid, rows, links))
     text = "\n".join(parts)
     (out_dir / "table.md").write_text(text)
     if page is not None:
@@ -930,7 +930,7 @@ def headline(spec: dict, suites: Path, records: Path) -> str:
                 if value == "mib":
                     cell = f"{np.mean([(d['final']['bytes-down'] + d['final']['bytes-up']) / 2**20 for d in found]):.1f}"
                 else:
-                    cell = _mean_std([d["final"][value] for d in found])
+                    cell = mean_std([d["final"][value] for d in found])
                 cells.append(cell + (f" ({len(found)} of {len(mine)} seeds)" if len(found) < len(mine) else ""))
         lines.append("| " + " | ".join(cells) + " |")
     if not recorded:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pflower.bench import DOCS, anchor, load_record, load_suite, suite_page
+from pflower.bench import DOCS, anchor, load_record, load_suite, mean_std, suite_page
 from pflower.verdict import FAILS, MARKS, RULE, UNTESTED, Verdict, verdict
 
 
@@ -36,7 +36,7 @@ def _figures(suite: str, grid: str, label: str, value: str, suites: Path, record
     """The final ``value`` (accuracy, global-accuracy, mib) of ``label`` in a grid's records, by seed."""
     if suite not in cache:
         cache[suite] = load_suite(suites, suite, count_ids=False)
-    spec, runs = cache[suite]
+    _, runs = cache[suite]
     mine = [r for r in runs if r.grid == grid and r.label == label]
     if not mine:
         raise ValueError(f"bench/claims.toml: suite '{suite}' grid '{grid}' runs no '{label}'")
@@ -51,10 +51,8 @@ def _figures(suite: str, grid: str, label: str, value: str, suites: Path, record
 
 
 def _cell(xs: list[float], value: str) -> str:
-    """A method's figure over seeds: MiB as a mean, accuracy as mean ± sample std."""
-    if value == "mib":
-        return f"{np.mean(xs):.1f} MiB"
-    return f"{np.mean(xs):.4f}" + (f" ± {np.std(xs, ddof=1):.4f}" if len(xs) > 1 else "")
+    """A method's figure over seeds: MiB as a mean, accuracy as the tables show it."""
+    return f"{np.mean(xs):.1f} MiB" if value == "mib" else mean_std(xs)
 
 
 def _ours(a: list[float], b: list[float], value: str, names: tuple[str, str]) -> str:
@@ -65,7 +63,7 @@ def _ours(a: list[float], b: list[float], value: str, names: tuple[str, str]) ->
 VALUES, KINDS = ("accuracy", "global-accuracy", "mib"), ("above", "no-worse")
 
 
-def _line(claim: str, source: str, spec: dict, a: str, b: str, suites: Path, records: Path, cache: dict) -> Line:
+def _line(claim: str, source: str, spec: dict, a: str, b: str, group: str, suites: Path, records: Path, cache: dict) -> Line:
     value, lower, factor = spec.get("value", "accuracy"), spec.get("value") == "mib", float(spec.get("factor", 1.0))
     if value not in VALUES or spec.get("kind", "above") not in KINDS:
         raise ValueError(f"bench/claims.toml: {claim!r}: value must be one of {VALUES} and kind one of {KINDS}")
@@ -76,12 +74,12 @@ def _line(claim: str, source: str, spec: dict, a: str, b: str, suites: Path, rec
     by_b = _figures(spec["suite"], spec["grid"], b, value_b, suites, records, cache)
     fa, fb = list(by_a.values()), list(by_b.values())
     if not fa or not fb:
-        return Line(claim, source, "—", Verdict(UNTESTED, f"no record yet: `pflower-bench {spec['suite']}`"))
+        return Line(claim, source, "—", Verdict(UNTESTED, f"no record yet: `pflower-bench {spec['suite']}`"), UNTESTED_GROUP)
     v = verdict(fa, fb, lower=lower, factor=factor, kind=spec.get("kind", "above"))
     if len(by_a) > 1 and by_a.keys() == by_b.keys() and value != "mib":  # the same seeds: how many put a ahead
         ahead = sum((by_a[k] < factor * by_b[k]) if lower else (by_a[k] > factor * by_b[k]) for k in by_a)
         v = Verdict(v.mark, f"{v.detail}; ahead on {ahead} of {len(by_a)} seeds")
-    return Line(claim, source, _ours(fa, fb, value, (a, b)), v)
+    return Line(claim, source, _ours(fa, fb, value, (a, b)), v, group)
 
 
 def evidence(spec: dict, page: str) -> str:
@@ -98,6 +96,7 @@ def lines(paper: dict, suites: Path, records: Path) -> list[Line]:
     cache: dict = {}
     for table in paper.get("table", []):
         figures = {k: float(v) for k, v in table["paper"].items()}
+        group = f"{table['source']} (ours: {evidence(table, page)})"
         pairs: list[Line] = []
         for proposed in table["proposed"]:
             for other in table["paper"]:
@@ -106,15 +105,13 @@ def lines(paper: dict, suites: Path, records: Path) -> list[Line]:
                 a, b = (proposed, other) if figures[proposed] >= figures[other] else (other, proposed)
                 source = f"{table['paper'][a]} % against {table['paper'][b]} %"
                 against = " (a baseline the paper ranks above its method)" if a not in table["proposed"] else ""
-                line = _line(f"{a} above {b}{against}", source, table, a, b, suites, records, cache)
-                pairs.append(Line(line.claim, line.source, line.ours, line.verdict, f"{table['source']} (ours: {evidence(table, page)})"))
+                pairs.append(_line(f"{a} above {b}{against}", source, table, a, b, group, suites, records, cache))
         if pairs and all(p.verdict.mark == UNTESTED for p in pairs):  # a table without records: one line
             pairs = [Line(f"{table['source']}: its {len(pairs)} orderings", "", "—", pairs[0].verdict, UNTESTED_GROUP)]
         out += pairs
     for claim in paper.get("claim", []):
-        line = _line(claim["text"], claim["source"], claim, claim["a"], claim["b"], suites, records, cache)
-        ours = f"{line.ours} ({evidence(claim, page)})" if line.verdict.mark != UNTESTED else line.ours
-        out.append(Line(line.claim, line.source, ours, line.verdict, FINDINGS if line.verdict.mark != UNTESTED else UNTESTED_GROUP))
+        line = _line(claim["text"], claim["source"], claim, claim["a"], claim["b"], FINDINGS, suites, records, cache)
+        out.append(line if line.verdict.mark == UNTESTED else Line(line.claim, line.source, f"{line.ours} ({evidence(claim, page)})", line.verdict, FINDINGS))
     for item in paper.get("untested", []):
         out.append(Line(item["what"], "", "—", Verdict(UNTESTED, item["why"]), UNTESTED_GROUP))
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -85,17 +86,17 @@ class ClientState:
         """The arrays of the given roles, in state-dict order."""
         return [k for k, e in self.entries.items() if e.role in roles]
 
-    @property
+    @cached_property
     def uploaded(self) -> list[str]:
         """What a training reply may carry: ``MODEL`` and ``TO_SERVER`` arrays."""
         return self.keys(Role.MODEL, Role.TO_SERVER)
 
-    @property
+    @cached_property
     def received(self) -> list[str]:
         """What the server's messages may carry: ``MODEL`` and ``FROM_SERVER`` arrays."""
         return self.keys(Role.MODEL, Role.FROM_SERVER)
 
-    @property
+    @cached_property
     def private(self) -> list[str]:
         return self.keys(Role.PRIVATE)
 
@@ -121,14 +122,4 @@ class ClientState:
 
     def unreceivable(self, keys: Iterable[str]) -> list[str]:
         """The ``keys`` of a message that the client does not receive (private or upload-only)."""
-        allowed = set(self.received)
-        return [k for k in keys if k in self.entries and k not in allowed]
-
-    def summary(self) -> dict[str, str]:
-        """Each role's arrays in words, for the docs: how many arrays and numbers."""
-        out = {}
-        for r in Role:
-            keys = self.keys(r)
-            numbers = sum(int(torch.Size(self.entries[k].shape).numel()) for k in keys)
-            out[r.value] = f"{len(keys)} arrays, {numbers:,} numbers" if keys else "none"
-        return out
+        return [k for k in keys if k in self.entries and self.entries[k].role not in (Role.MODEL, Role.FROM_SERVER)]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pflower.bench import DOCS, RECORDS, SUITES, _mean_std, grid_rows, load_suite, suite_page
+from pflower.bench import DOCS, RECORDS, SUITES, grid_rows, load_suite, mean_std, suite_page
 
 #: The methods a row is compared with: in each grid, the one run of the method at its declared
 #: keys (the grid's entry names nothing but the method), whatever its label.
@@ -133,7 +133,7 @@ def method_records_markdown(name: str, suites: Path = SUITES, records: Path = RE
             where = f"[{where}]({link}{r['page'].relative_to(docs).as_posix()})"
         seeds = str(row["seeds"]) if row["seeds"] == row["declared"] else f"{row['seeds']} of {row['declared']}"
         lines.append(
-            f"| {where} | `{row['method']}` | {seeds} | {_mean_std(row['accuracy'])} | {row['mb']:.1f} | {r['rank']} "
+            f"| {where} | `{row['method']}` | {seeds} | {mean_std(row['accuracy'])} | {row['mb']:.1f} | {r['rank']} "
             f"| {difference(row, refs['fedavg'])} | {difference(row, refs['local'])} |"
         )
     return "\n".join(lines) + "\n"

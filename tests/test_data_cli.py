@@ -262,8 +262,10 @@ def test_pflower_bench_small_runs_on_what_pflower_data_fetched_records_it_and_wr
     first = load_suite(ROOT / "bench" / "suites.toml", "small", data)[1][0]
     record_file = first.record(records, "small")
     where = ["--data-root", str(data), "--results", str(results), "--records", str(records)]
-    with open(tmp_path / "bench.log", "w") as log:
-        bench = subprocess.Popen([str(Path(sys.executable).parent / "pflower-bench"), "small", *where], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(tmp_path / "bench.log", "w") as log:  # --allow-modified: the test runs the working tree, committed or not
+        bench = subprocess.Popen(
+            [str(Path(sys.executable).parent / "pflower-bench"), "small", *where, "--allow-modified"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+        )
         try:
             deadline = time.monotonic() + 300
             while not record_file.exists() and bench.poll() is None and time.monotonic() < deadline:
