@@ -59,9 +59,10 @@ from pflower.launcher import gpu_share  # noqa: E402
 from pflower.processes import console_script  # noqa: E402
 from pflower.results import outcome  # noqa: E402
 
-VARIANTS = ("pflower", "stock", "floor", "plain-1", "plain-2")
+VARIANTS = ("pflower", "pflower-one", "stock", "floor", "plain-1", "plain-2")
 LABELS = {
-    "pflower": "pflower simulation (FedAvg)",
+    "pflower": "pflower simulation (FedAvg), several clients a node",
+    "pflower-one": "pflower simulation (FedAvg), one client a node",
     "stock": "stock Flower (quickstart ClientApp + FedAvg)",
     "floor": "Flower's floor (ClientApp that only replies)",
     "plain-1": "plain loop, 1 torch thread",
@@ -69,7 +70,9 @@ LABELS = {
 }
 
 
-def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: Path, gpus: float = 0.0) -> tuple[list[float], list[dict] | None]:
+def simulated(
+    variant: str, data_dir: Path, clients: int, rounds: int, results: Path, gpus: float = 0.0, per_node: str = "auto"
+) -> tuple[list[float], list[dict] | None]:
     """One ``pflower-sim`` run of ``variant`` (pflower, pflower@DIR, stock or floor): seconds per
     round, and pflower's metrics rows without timings (None for the stock app)."""
     env = dict(os.environ)
@@ -80,6 +83,8 @@ def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: 
     else:
         app, cfg = STOCK, _stock_config(data_dir, rounds, results) + f" client-work='{'none' if variant == 'floor' else 'full'}'"
     cmd = [console_script("pflower-sim"), "--num-clients", str(clients), "-c", cfg, "--app", str(app)]
+    if variant in ("pflower", "pflower-one"):  # another checkout's pflower-sim may not have the option
+        cmd += ["--clients-per-node", "1" if variant == "pflower-one" else per_node]
     if gpus:
         cmd += ["--gpus-per-client", str(gpus)]
     log = results.with_suffix(".log")
@@ -93,11 +98,13 @@ def simulated(variant: str, data_dir: Path, clients: int, rounds: int, results: 
     return [r["wall-seconds"] for r in rows], [outcome(r) for r in rows]
 
 
-def measure(variant: str, data_dir: Path, clients: int, rounds: int, results: Path, gpus: float = 0.0) -> tuple[list[float], list[dict] | None]:
+def measure(
+    variant: str, data_dir: Path, clients: int, rounds: int, results: Path, gpus: float = 0.0, per_node: str = "auto"
+) -> tuple[list[float], list[dict] | None]:
     if variant.startswith("plain-"):
         settings = load_settings(run_config(data_dir, rounds, 1.0, results))
         return plain_loop(settings, clients, rounds, int(variant.split("-")[1]), "cuda" if gpus else "cpu"), None
-    return simulated(variant, data_dir, clients, rounds, results, gpus)
+    return simulated(variant, data_dir, clients, rounds, results, gpus, per_node)
 
 
 def sweep_seconds(nodes: int, held: int, repeats: int = 3) -> float:
@@ -170,6 +177,7 @@ def main() -> int:
     p.add_argument("--figure", type=Path, help="draw round time against clients into this file (PNG or SVG)")
     p.add_argument("--json", type=Path, help="write every round's seconds here")
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0, help="GPU share per ClientApp (a GPU host; the plain loop then trains on the GPU)")
+    p.add_argument("--clients-per-node", default="auto", help="pflower-sim's --clients-per-node for the pflower variants but pflower-one (default: auto)")
     p.add_argument("--sweep", action="store_true", help="only time one pass of Flower's simulation loop at each --clients")
     args = p.parse_args()
     if args.sweep:
@@ -188,7 +196,7 @@ def main() -> int:
             for rep in range(args.repeats):
                 for k, v in enumerate(variants if rep % 2 == 0 else variants[::-1]):
                     t0 = time.time()
-                    seconds, rows = measure(v, data_dir, n, args.rounds, Path(tmp) / f"{n}-{rep}-{k}", args.gpus_per_client)
+                    seconds, rows = measure(v, data_dir, n, args.rounds, Path(tmp) / f"{n}-{rep}-{k}", args.gpus_per_client, args.clients_per_node)
                     runs[n][v].append(seconds)
                     if rows is not None:
                         metrics[f"{v} {n} {rep}"] = rows

@@ -40,7 +40,7 @@ from pflower import help_text
 from pflower.check import app_run_config
 from pflower.config import ConfigError, Settings, load_settings
 from pflower.fetch import DATA_ENV, DATASETS, data_root
-from pflower.launcher import core_count, gpu_share, resources_problem, simulation_superlink, submit
+from pflower.launcher import auto_clients_per_node, clients_per_node, core_count, gpu_share, resources_problem, simulation_superlink, submit
 from pflower.methods import declarations
 from pflower.plots import draw_mechanisms, plot_comparison, plot_mean_accuracy
 from pflower.results import write_json
@@ -309,8 +309,9 @@ def make_record(
     return {**metrics, "rounds": rounds, "bench": bench}
 
 
-#: Run-config keys that name places on one machine: a record made elsewhere still matches its run.
-PLACES = ("data-dir", "results-dir", "resume-from")
+#: Run-config keys that name places on one machine, or how its simulation placed the clients on
+#: nodes (the same numbers): a record made elsewhere still matches its run.
+PLACES = ("data-dir", "results-dir", "resume-from", "simulated-clients")
 #: The bench's file in a run's results-dir while the run goes: its wall time so far and how often
 #: it was resumed, so that a run cut short and resumed is timed whole.
 PROGRESS = "bench-progress.json"
@@ -462,6 +463,7 @@ COST_FREE = frozenset(
         "state-dir",
         "overwrite",
         "round-timeout",
+        "simulated-clients",
         "tensorboard",
         "mlflow",
         "mlflow-experiment",
@@ -553,9 +555,11 @@ def status(runs: list[Run], results: Path, records: Path, suite: str, cpus: int 
     return "\n".join(lines)
 
 
-def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS, cpus: int = 1, gpus: float = 0.0, allow_modified: bool = False) -> None:
+def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS, cpus: int = 1, gpus: float = 0.0, allow_modified: bool = False,
+            clients_per_node: int | str = "auto") -> None:  # fmt: skip
     """Run what has no record on one private simulation SuperLink, each ClientApp with ``cpus``
-    cores and a ``gpus`` share of a GPU; record each run as it ends. It prints runs done and
+    cores and a ``gpus`` share of a GPU, each simulated node serving ``clients_per_node`` clients
+    ('auto': :func:`~pflower.launcher.auto_clients_per_node`; the same numbers); record each run as it ends. It prints runs done and
     left, each round of the run under way and the suite's time left. A checkout with uncommitted
     changes to pflower/ or pyproject.toml makes no records unless ``allow_modified`` (its records
     then say '+modified'): a record names the code that made it."""
@@ -581,6 +585,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
         for k, run in enumerate(todo, 1):
             d = run.directory(results, suite)
             d.mkdir(parents=True, exist_ok=True)
+            per_node = auto_clients_per_node(run.clients, cpus, gpus) if clients_per_node == "auto" else int(clients_per_node)
             here = machine(cpus, gpus)
             part = {"machine": {key: v for key, v in here.items() if key != "pflower"}, "code": code_digest(), "data": digests[data_key(run.config)]}
             if (cut := cut_short_at(run, d, part)) is None:
@@ -607,7 +612,8 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
                     write_json(d / PROGRESS, {"wall-seconds": elapsed, "resumed": resumed, **part})
                     print(f"    round {done}/{found.group(2)}, {duration(elapsed)}; suite {eta.left(rest, (done, elapsed))}", flush=True)
 
-            _, state, log = submit(ROOT, home, config, num_clients=run.clients, cpus=cpus, gpus=gpus, echo=False, on_line=progress)
+            _, state, log = submit(ROOT, home, config, num_clients=run.clients, cpus=cpus, gpus=gpus, echo=False, on_line=progress,
+                                   clients_per_node=per_node)  # fmt: skip
             wall = time.perf_counter() - t0
             if state != "finished:completed":
                 again = ""
@@ -625,7 +631,7 @@ def execute(runs: list[Run], results: Path, suite: str, records: Path = RECORDS,
                 {
                     "wall-seconds": wall,
                     "clients": run.clients,
-                    "machine": here,
+                    "machine": {**here, "clients-per-node": per_node},  # how the simulation placed them: the pace, not the numbers
                     "data": part["data"],
                     "lineage": lineage,
                     **({"resumed": resumed} if resumed else {}),
@@ -1028,6 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="GPU share per ClientApp, e.g. 0.25: four clients train at once on each GPU (default: 0, CPU only)",
     )
+    p.add_argument("--clients-per-node", type=clients_per_node, default="auto",
+                   help="clients each simulated SuperNode serves (the same numbers; default: auto, about 4 nodes per ClientApp actor)")  # fmt: skip
     args = p.parse_args(argv)
     results, records = args.results.resolve(), args.records.resolve()
     kept = records == RECORDS.resolve()  # the project's records: their pages and README follow them
@@ -1056,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if why := resources_problem(args.cpus_per_client, args.gpus_per_client):
             raise SystemExit(f"pflower-bench: {why}")
-        execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client, args.allow_modified)
+        execute(runs, results, args.suite, records, args.cpus_per_client, args.gpus_per_client, args.allow_modified, args.clients_per_node)
     page = args.page or (suite_page(args.suite) if kept else None)
     if page is None and not any(load_record(r, records, args.suite) for r in runs):
         raise SystemExit(f"suite '{args.suite}' has no records in {records}: nothing to report (`pflower-bench {args.suite}` runs it)")

@@ -22,7 +22,7 @@ from pflower.run_folder import CHECKPOINT
 #: Keys a resumed run may change; every other key must equal the checkpoint's.
 #: ``state-dir`` is not among them: the clients find their saved states where the run saved them.
 RESUMABLE_CHANGES = frozenset({"num-server-rounds", "results-dir", "resume-from", "overwrite", "round-timeout", "data-dir", "single-message",
-                               "tensorboard", "mlflow", "mlflow-tracking-uri", "mlflow-experiment"})  # fmt: skip
+                               "simulated-clients", "tensorboard", "mlflow", "mlflow-tracking-uri", "mlflow-experiment"})  # fmt: skip
 
 
 @dataclass(frozen=True)

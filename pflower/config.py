@@ -258,6 +258,12 @@ class Settings(BaseModel):
         le=1024,
         description="torch threads of the ServerApp process (aggregation, checks, hypernetworks); fixed rather than inherited: more threads than free cores make its small tensor ops wait on each other while the clients train",
     )
+    simulated_clients: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="simulation only: the clients the simulated SuperNodes serve between them, several to a node (node `g` of `G` serves clients `g*N//G` to `(g+1)*N//G - 1`; one message carries what a phase has for all of a node's clients, and the reply splits back into theirs); the same numbers as one client per node. 0: one client per node. `pflower-sim --clients-per-node` sets it",
+    )
     gradual_interval: int = Field(
         0,
         ge=0,
@@ -600,6 +606,7 @@ SCOPED_KEYS = (
     ("natural-id-column", "natural_id_column", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
     ("natural-id-min-samples", "natural_id_min_samples", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
     ("natural-id-fraction", "natural_id_fraction", lambda s: s.partition == "natural-id", "partition 'natural-id'"),
+    ("simulated-clients", "simulated_clients", lambda s: not s.node_data, "a pool the run shares out (not dataset 'node', whose nodes bring their own data)"),
     ("mlflow-tracking-uri", "mlflow_tracking_uri", lambda s: s.mlflow, "mlflow=true"),
     ("mlflow-experiment", "mlflow_experiment", lambda s: s.mlflow, "mlflow=true"),
 )

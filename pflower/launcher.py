@@ -159,6 +159,11 @@ def gpu_share(text: str) -> float:
 core_count = at_least_one("a number of CPU cores")
 
 
+def clients_per_node(text: str) -> int | str:
+    """A ``--clients-per-node`` value: 'auto' or a whole number of at least 1."""
+    return "auto" if text == "auto" else at_least_one("a number of clients per node, or 'auto'")(text)
+
+
 def resources_problem(cpus: int, gpus: float) -> str | None:
     """Why no ClientApp could start here with ``cpus`` cores and a ``gpus`` share of a GPU, else
     None. Flower would find out only after the run started ("ActorPool is empty", about a minute
@@ -181,9 +186,35 @@ def resources_problem(cpus: int, gpus: float) -> str | None:
     return None
 
 
-def federation_config(num_clients: int, cpus: int, gpus: float) -> str:
+def federation_config(num_nodes: int, cpus: int, gpus: float) -> str:
     """Flower's simulation settings: virtual SuperNodes and resources per ClientApp."""
-    return f"num-supernodes={num_clients} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
+    return f"num-supernodes={num_nodes} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
+
+
+#: ``--clients-per-node auto``: about this many simulated nodes per ClientApp actor, so that every
+#: actor has work while the others' replies are handed back, and a phase that samples a share of
+#: the clients still spreads over them.
+NODES_PER_ACTOR = 4
+
+
+def actors(cpus: int, gpus: float) -> int:
+    """How many ClientApp actors Ray starts on this machine for ``cpus`` cores and a ``gpus`` share each."""
+    count = max(1, (os.cpu_count() or 1) // cpus)
+    if gpus:
+        import torch
+
+        count = min(count, max(1, int(torch.cuda.device_count() / gpus)))
+    return count
+
+
+def auto_clients_per_node(num_clients: int, cpus: int, gpus: float) -> int:
+    """``--clients-per-node auto``: :data:`NODES_PER_ACTOR` nodes for each of the machine's actors."""
+    return max(1, -(-num_clients // (NODES_PER_ACTOR * actors(cpus, gpus))))
+
+
+def nodes_for(num_clients: int, clients_per_node: int) -> int:
+    """The simulated SuperNodes that serve ``num_clients`` at most ``clients_per_node`` each."""
+    return -(-num_clients // clients_per_node)
 
 
 def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNECTION, attempts: int = 3) -> str:
@@ -245,16 +276,22 @@ def submit(
     echo: bool = True,
     connection: str = CONNECTION,
     on_line: Callable[[str], None] | None = None,
+    clients_per_node: int = 1,
 ) -> tuple[int, str, str]:
     """Submit one run to the running SuperLink and stream it to the end: (run id, status, log).
 
-    ``num_clients`` sets the simulated federation; None for a deployment (real SuperNodes).
-    ``on_line`` sees each line of the run's log as it arrives (the bench's progress).
+    ``num_clients`` sets the simulated federation, on :func:`nodes_for` nodes serving at most
+    ``clients_per_node`` clients each (the run config's ``simulated-clients``); None for a
+    deployment (real SuperNodes). ``on_line`` sees each line of the run's log as it arrives (the
+    bench's progress).
     """
     with tempfile.TemporaryDirectory(prefix="pflower-app-") as staged:
         cmd = [console_script("flwr"), "run", str(stage_app(app, Path(staged))), connection, "--stream"]
         if num_clients is not None:
-            cmd += ["--federation-config", federation_config(num_clients, cpus, gpus)]
+            nodes = nodes_for(num_clients, clients_per_node)
+            cmd += ["--federation-config", federation_config(nodes, cpus, gpus)]
+            if nodes < num_clients:
+                run_config = f"{run_config} simulated-clients={num_clients}".strip()
         if run_config:
             cmd += ["--run-config", run_config]
         proc = subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -283,12 +320,13 @@ def submit(
     return run_id, run_status(flwr_home, app, run_id, connection), text
 
 
-def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None) -> tuple[int, str]:
+def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None,
+             clients_per_node: int = 1) -> tuple[int, str]:  # fmt: skip
     """Run one simulation on a private SuperLink; returns (run id, final status)."""
     app = app.resolve()
     flwr_home = (flwr_home or (Path(os.environ["FLWR_HOME"]) if os.environ.get("FLWR_HOME") else app / ".flwr")).expanduser().resolve()
     with simulation_superlink(flwr_home):
-        run_id, status, _ = submit(app, flwr_home, run_config, num_clients, cpus, gpus)
+        run_id, status, _ = submit(app, flwr_home, run_config, num_clients, cpus, gpus, clients_per_node=clients_per_node)
         return run_id, status
 
 
@@ -316,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus-per-client", type=core_count, default=1, help="CPU cores reserved per ClientApp")
     p.add_argument("--gpus-per-client", type=gpu_share, default=0.0,
                    help="GPU share per ClientApp: 0 (CPU only; the ClientApps see no GPU), a whole number, or 0.5, 0.25, 0.125, ...")  # fmt: skip
+    p.add_argument("--clients-per-node", type=clients_per_node, default="auto",
+                   help=f"clients each simulated SuperNode serves (one message carries a phase's work for all of them; the same numbers): "
+                        f"a whole number, or 'auto' (default: about {NODES_PER_ACTOR} nodes per ClientApp actor; pflower's ClientApp only)")  # fmt: skip
     add_app_argument(p)
     p.add_argument(
         "--flwr-home",
@@ -338,8 +379,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"pflower-sim: {'checked in %.0f s; ' % (time.monotonic() - started) if is_pflower_app(args.app) else ''}"
           "starting a SuperLink and a Ray head, then the run (its log follows) ...", flush=True)  # fmt: skip
+    if re.search(r"(^|\s)simulated-clients\s*=", args.run_config):
+        print("pflower-sim: simulated-clients is set by --clients-per-node (pflower-sim computes it), not in -c", file=sys.stderr)
+        return 2
+    per_node = 1
+    if is_pflower_app(args.app):
+        per_node = (
+            auto_clients_per_node(args.num_clients, args.cpus_per_client, args.gpus_per_client) if args.clients_per_node == "auto" else args.clients_per_node
+        )
+    elif args.clients_per_node not in ("auto", 1):
+        print(f"pflower-sim: --clients-per-node {args.clients_per_node}: only pflower's ClientApp serves several clients on a node", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    run_id, status = simulate(args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home)
+    run_id, status = simulate(args.app, args.run_config, args.num_clients, args.cpus_per_client, args.gpus_per_client, args.flwr_home, per_node)
     print(f"run {run_id}: {status}", flush=True)
     return 0 if status.endswith("completed") else 1
 

@@ -254,7 +254,7 @@ def superlink(tmp_path_factory):
         yield home
 
 
-def run_on_flower(superlink: Path, config: str, clients: int = 3, cpus: int = 2, app: Path = ROOT):
+def run_on_flower(superlink: Path, config: str, clients: int = 3, cpus: int = 2, app: Path = ROOT, clients_per_node: int = 1):
     """Submit ``app`` with ``config`` to the ``superlink`` fixture: (run id, status, log).
 
     ``cpus=2`` (the default here) gives each ClientApp both cores, so Ray starts one worker
@@ -262,7 +262,7 @@ def run_on_flower(superlink: Path, config: str, clients: int = 3, cpus: int = 2,
     """
     from pflower.launcher import submit
 
-    return submit(app, superlink, config, num_clients=clients, cpus=cpus, echo=False)
+    return submit(app, superlink, config, num_clients=clients, cpus=cpus, echo=False, clients_per_node=clients_per_node)
 
 
 def load_app(directory: Path, name: str):

@@ -176,8 +176,9 @@ def test_a_bad_run_config_stops_the_suite_before_any_run(tmp_path):
 
 
 def test_a_suites_clientapps_get_the_cores_and_gpu_share_asked_for_and_the_record_says_so(tmp_path, monkeypatch):
-    """``--cpus-per-client`` and ``--gpus-per-client`` reach Flower's federation config, and each
-    record names them beside the machine (a GPU host's records tell how the GPU was shared)."""
+    """``--cpus-per-client``, ``--gpus-per-client`` and ``--clients-per-node`` reach Flower's
+    federation config, and each record names them beside the machine (a GPU host's records tell
+    how the GPU was shared)."""
     import contextlib
     from pathlib import Path
 
@@ -187,8 +188,8 @@ def test_a_suites_clientapps_get_the_cores_and_gpu_share_asked_for_and_the_recor
     _, runs = load_suite(tmp_path / "suites.toml", "tiny")
     asked = []
 
-    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
-        asked.append((num_clients, cpus, gpus))
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None, clients_per_node=1):
+        asked.append((num_clients, cpus, gpus, clients_per_node))
         folder = Path(re.search(r"results-dir='([^']*)'", config).group(1))
         _fake_run_files(folder, runs[0].config, 0.5)
         return 1, "finished:completed", ""
@@ -197,10 +198,10 @@ def test_a_suites_clientapps_get_the_cores_and_gpu_share_asked_for_and_the_recor
     monkeypatch.setattr(bench, "simulation_superlink", lambda home: contextlib.nullcontext())
     monkeypatch.setattr(bench, "resources_problem", lambda cpus, gpus: None)  # a GPU host's flags, here
     main(["tiny", "--file", str(tmp_path / "suites.toml"), "--results", str(tmp_path / "r"), "--records", str(tmp_path / "rec"),
-          "--cpus-per-client", "2", "--gpus-per-client", "0.25", "--page", str(_page(tmp_path))])  # fmt: skip
-    assert asked == [(3, 2, 0.25)]
+          "--cpus-per-client", "2", "--gpus-per-client", "0.25", "--clients-per-node", "2", "--page", str(_page(tmp_path))])  # fmt: skip
+    assert asked == [(3, 2, 0.25, 2)]
     machine = json.loads(runs[0].record(tmp_path / "rec", "tiny").read_text())["bench"]["machine"]
-    assert (machine["cpus-per-client"], machine["gpus-per-client"]) == (2, 0.25)
+    assert (machine["cpus-per-client"], machine["gpus-per-client"], machine["clients-per-node"]) == (2, 0.25, 2)
 
 
 def test_records_kept_elsewhere_write_no_page_and_no_readme(tmp_path, monkeypatch, capsys):
@@ -804,7 +805,7 @@ def test_a_results_dir_is_recorded_only_with_the_bench_json_of_that_very_run(tmp
     runs = [r for r in load_suite(tmp_path / "suites.toml", "tiny")[1] if r.label == "fedavg-slow" and r.seed == 0]
     assert not finished(runs[0], results, records, "tiny")
 
-    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None, clients_per_node=1):
         folder = Path(re.search(r"results-dir='([^']*)'", config).group(1))
         assert not (folder / "bench.json").exists() and not (folder / "run.log").exists()
         (folder / "metrics.json").write_text(json.dumps({**_metrics(runs[0].config, 0.7), "lineage": "1" * 32}))
@@ -851,7 +852,7 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
             (folders[key] / "checkpoint.pt").write_bytes(b"the state after the last round")
     seen = {}
 
-    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None, clients_per_node=1):
         folder = Path(re.search(r"results-dir='([^']*)'", config).group(1))
         key = next(k for k, f in folders.items() if f == folder)
         going_on = re.search(r"resume-from='([^']*)'", config)
@@ -882,7 +883,7 @@ def test_a_run_cut_short_goes_on_from_its_checkpoint_and_is_timed_whole(tmp_path
     for key, run in runs.items():
         bench_part = json.loads(run.record(records, "tiny").read_text())["bench"]
         assert (bench_part["wall-seconds"] >= 1000.0) == (key in going_on) and bench_part.get("resumed") == (1 if key in going_on else None)
-        assert bench_part["machine"] == bench.machine(1, 0.0) and not (folders[key] / "bench-progress.json").exists()
+        assert bench_part["machine"] == {**bench.machine(1, 0.0), "clients-per-node": 1} and not (folders[key] / "bench-progress.json").exists()
 
 
 def test_a_run_that_fails_going_on_from_its_checkpoint_runs_from_its_first_round_next_time(tmp_path, monkeypatch):
@@ -907,7 +908,7 @@ def test_a_run_that_fails_going_on_from_its_checkpoint_runs_from_its_first_round
 
     configs, lines = [], []
 
-    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None):
+    def submit(app, home, config, num_clients, cpus=1, gpus=0.0, echo=True, on_line=None, clients_per_node=1):
         configs.append(config)
         for line in lines:
             on_line(line)

@@ -3,8 +3,9 @@ counted, and the client's state is the one the server names.
 
 Client 1's round-2 message fails (its state file cannot be written; FedeRiCo: a relay step
 raises) or its round-1 evaluation raises. Two-phase and single-message rounds then record the
-same rows, and so do a SuperNode (which keeps the context a failed message left) and the
-simulation engine (which drops it).
+same rows, and so do a SuperNode (which keeps the context a failed message left), the
+simulation engine (which drops it), and a simulated node that serves client 1 with client 2
+(``simulated-clients``: one message for both, client 2's reply kept).
 """
 
 import errno
@@ -26,12 +27,13 @@ SCHEDULE = {"bytes-down", "bytes-up", "cumulative-bytes-down", "cumulative-bytes
 FAULTY, ROUND = 1, 2
 
 
-def _rows(tmp_path, cfg: dict, single: bool, simulation: bool) -> list[dict]:
+def _rows(tmp_path, cfg: dict, single: bool, simulation: bool, grouped: bool = False) -> list[dict]:
+    """The run's rows; ``grouped``: on 2 simulated nodes, one serving client 0, the other 1 and 2."""
     from pflower.client_app.app import app
 
-    results = tmp_path / f"{single}-{simulation}"
-    cfg = {**cfg, "single-message": single, "results-dir": str(results)}
-    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, 3, simulation=simulation))
+    results = tmp_path / f"{single}-{simulation}-{grouped}"
+    cfg = {**cfg, "single-message": single, "results-dir": str(results), **({"simulated-clients": 3} if grouped else {})}
+    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, 2 if grouped else 3, simulation=simulation))
     doc = json.loads((results / "metrics.json").read_text())
     return [{k: v for k, v in r.items() if k not in SCHEDULE} for r in doc["rounds"]]
 
@@ -63,6 +65,7 @@ def test_a_failed_save_costs_only_its_message_on_either_schedule_and_engine(tmp_
     assert two[0]["evaluated"] == 3 and str(FAULTY) in two[0]["per-client-accuracy"]
     assert _rows(tmp_path, cfg, single=True, simulation=False) == two
     assert _rows(tmp_path, cfg, single=True, simulation=True) == two
+    assert _rows(tmp_path, cfg, single=True, simulation=True, grouped=True) == two
 
 
 @pytest.mark.parametrize("method", sorted(declarations()))
@@ -82,6 +85,7 @@ def test_a_failed_evaluation_counts_alike_on_either_schedule(tmp_path, monkeypat
     two = _rows(tmp_path, cfg, single=False, simulation=False)
     assert two[0]["rejected"] == {"client-error": 1} and two[0]["evaluated"] == 2
     assert _rows(tmp_path, cfg, single=True, simulation=False) == two
+    assert _rows(tmp_path, cfg, single=True, simulation=True, grouped=True) == two
 
 
 @pytest.mark.parametrize("step", ["plan", "serve", "use", "update"])
@@ -94,6 +98,7 @@ def test_a_failed_relay_step_costs_only_its_round_on_either_engine(tmp_path, mon
     assert two[0]["evaluated"] == 3
     assert _rows(tmp_path, cfg, single=False, simulation=False) == two
     assert _rows(tmp_path, cfg, single=True, simulation=False) == two
+    assert _rows(tmp_path, cfg, single=True, simulation=True, grouped=True) == two
 
 
 def test_a_message_whose_save_fails_leaves_the_context_as_it_found_it(tmp_path, monkeypatch):

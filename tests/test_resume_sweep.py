@@ -39,6 +39,10 @@ SCHEDULES = {
     "evaluate-every-1": {"num-server-rounds": 4, "evaluate-every": 1, "fraction-train": 0.67},
     "evaluate-every-2": {"num-server-rounds": 5, "evaluate-every": 2, "fraction-train": 0.67, "fraction-evaluate": 0.67},
 }
+#: Simulated nodes of the grouped runs (``simulated-clients``): one serves client 0, the other 1 and 2.
+GROUPED_NODES = 2
+#: One client per node, and the clients grouped on nodes: the same numbers.
+NODES = {"one-client-a-node": {}, "grouped": {"simulated-clients": CLIENTS}}
 #: The time per round differs between any two runs.
 TIME = {"wall-seconds"}
 
@@ -48,6 +52,7 @@ class Crash(Exception):
 
 
 _FULL: dict[tuple[str, str], tuple[dict, Path]] = {}
+_SENT: dict[tuple[str, str], int] = {}  # the messages the uninterrupted run sent
 
 
 def _uninterrupted(tmp_path_factory, method: str, schedule: str) -> dict:
@@ -59,7 +64,10 @@ def _full_run(tmp_path_factory, method: str, schedule: str) -> tuple[dict, Path]
     """The run without faults: its metrics.json and its results-dir (never to be changed)."""
     if (method, schedule) not in _FULL:
         results = tmp_path_factory.mktemp("full")
-        _FULL[method, schedule] = (_run(_config(method, schedule, results)), results)
+        cfg = _config(method, schedule, results)
+        grid = InProcessGrid(client_app.app, cfg, CLIENTS)
+        _FULL[method, schedule] = (_run(cfg, grid), results)
+        _SENT[method, schedule] = len(grid.sent)
     return _FULL[method, schedule]
 
 
@@ -76,12 +84,14 @@ def _new_process() -> None:
 
 
 def _run(cfg: dict, grid: InProcessGrid | None = None) -> dict:
+    """The run of ``cfg`` (on ``grid``; by default one node per client, or 2 nodes serving the 3
+    clients where ``cfg`` has ``simulated-clients``): its metrics.json."""
     settings = load_settings(cfg)
     checkpoint = load_checkpoint(settings) if settings.resume_from else None
-    grid = grid or InProcessGrid(client_app.app, cfg, CLIENTS)
+    grid = grid or InProcessGrid(client_app.app, cfg, GROUPED_NODES if settings.simulated_clients else CLIENTS)
     build_strategy(settings).start(grid=grid, checkpoint=checkpoint)
-    for context in grid.contexts.values():  # between messages a context holds only where its saved state is
-        assert set(context.state.keys()) <= {SAVED}, dict(context.state)
+    for context in grid.contexts.values():  # between messages a context holds only where its saved state is (each client's)
+        assert {key.rpartition("/")[2] for key in context.state.keys()} <= {SAVED}, dict(context.state)
     return json.loads((settings.results_path / "metrics.json").read_text())
 
 
@@ -118,17 +128,20 @@ def _crash_in(monkeypatch, rnd: int) -> None:
 METHODS = [pytest.param(m, marks=pytest.mark.xdist_group(f"sweep-{m}")) for m in sorted(declarations())]
 
 
+@pytest.mark.parametrize("nodes", sorted(NODES))
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("method", METHODS)
-def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_path_factory, monkeypatch, method, schedule):
+def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_path_factory, monkeypatch, method, schedule, nodes):
     """One lineage crashed in every round r = 2..R, each leg resumed from the last: the final
-    metrics.json equals the uninterrupted run's byte for byte (bytes sent included), time aside."""
+    metrics.json equals the uninterrupted run's byte for byte (bytes sent included), time aside;
+    and so with the 3 clients served by 2 simulated nodes (one message for clients 1 and 2),
+    against the uninterrupted run with one client a node."""
     full = _uninterrupted(tmp_path_factory, method, schedule)
     rounds = SCHEDULES[schedule]["num-server-rounds"]
     resume = ""
     for leg, rnd in enumerate(range(2, rounds + 2)):
         _new_process()
-        cfg = _config(method, schedule, tmp_path / f"leg{leg}", **({"resume-from": resume} if resume else {}))
+        cfg = _config(method, schedule, tmp_path / f"leg{leg}", **NODES[nodes], **({"resume-from": resume} if resume else {}))
         if rnd <= rounds:
             with monkeypatch.context() as m:
                 _crash_in(m, rnd)
@@ -140,6 +153,26 @@ def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_p
     assert _rows(doc) == _rows(full)
     assert doc["final"] == full["final"]
     assert all(not r["rejected"] for r in doc["rounds"]), [r["rejected"] for r in doc["rounds"]]
+
+
+def _states(results: Path) -> dict[str, bytes]:
+    """Every saved client state of a run, by client and round."""
+    return {f"{p.parent.name}/{p.name}": p.read_bytes() for p in sorted(results.rglob("*.state"))}
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("method", METHODS)
+def test_clients_grouped_on_nodes_give_the_numbers_of_one_client_a_node(tmp_path, tmp_path_factory, method, schedule):
+    """The 3 clients on 2 simulated nodes (``simulated-clients``): the rows, the final metrics
+    and every saved state file byte for byte as with one client a node, in fewer messages."""
+    full, results = _full_run(tmp_path_factory, method, schedule)
+    _new_process()
+    cfg = _config(method, schedule, tmp_path / "grouped", **NODES["grouped"])
+    grid = InProcessGrid(client_app.app, cfg, GROUPED_NODES)
+    doc = _run(cfg, grid)
+    assert _rows(doc) == _rows(full) and doc["final"] == full["final"]
+    assert _states(tmp_path / "grouped") == _states(results)
+    assert len(grid.sent) < _SENT[method, schedule]
 
 
 def _resumed_without(tmp_path, tmp_path_factory, method: str, schedule: str, remove) -> tuple[int, int, Path]:

@@ -38,14 +38,16 @@ def _two_phase_in_process(tmp_path, method: str) -> list[dict]:
 @SIMULATION
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
 def test_every_server_strategy_runs_on_flower(superlink, tmp_path, method):
-    """3 rounds on Flower, one message per client per round: the metrics of the same run in
-    process with two phases a round (Flower's engine and the schedule change nothing)."""
+    """3 rounds on Flower, one message per node per round, the 3 clients on 2 simulated nodes
+    (one message carries clients 1 and 2): the metrics of the same run in process with one
+    client a node and two phases a round (Flower's engine, the grouping and the schedule change
+    nothing)."""
     results = tmp_path / method
     config = f"method='{method}' num-server-rounds=3 local-epochs=1 samples-per-client={SAMPLES} results-dir='{results}' {METHOD_CONFIGS[method]}"
-    run_id, status, log = _run(superlink, config)
+    run_id, status, log = _run(superlink, config, clients_per_node=2)
     assert status == "finished:completed", log
     doc = json.loads((results / "metrics.json").read_text())
-    assert doc["config"]["single-message"] is True
+    assert doc["config"]["single-message"] is True and doc["config"]["simulated-clients"] == 3
     for a, b in zip(doc["rounds"], _two_phase_in_process(tmp_path, method), strict=True):
         assert a["per-client-accuracy"] == b["per-client-accuracy"]
         assert (a["loss"], a["train-loss"]) == pytest.approx((b["loss"], b["train-loss"]), rel=1e-9)
@@ -69,15 +71,17 @@ def test_every_server_strategy_runs_on_flower(superlink, tmp_path, method):
 
 
 @SIMULATION
-def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
-    """Same seed, same numbers: Ray's worker placement and threads do not change the result."""
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory, per_node):
+    """Same seed, same numbers: Ray's worker placement and threads do not change the result, nor
+    clients grouped on nodes (``per_node`` 2: 3 clients on 2 nodes)."""
     from conftest import run_config
 
     from pflower.build import build_strategy
     from pflower.config import load_settings
 
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
-    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1)  # two Ray workers
+    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1, clients_per_node=per_node)  # two Ray workers
     assert status == "finished:completed", log
     # in process with two phases a round; on Flower round 1's evaluation went with round 2's
     # training messages, and alone to the client not sampled for training in round 2

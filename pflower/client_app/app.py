@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -27,11 +28,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from torch import nn
 
-from pflower import reply_metrics, single_message
+from pflower import node_groups, reply_metrics, single_message
 from pflower.build import build_model, client_method
 from pflower.client_app.base import PERSONAL, ClientMethod
 from pflower.client_app.store import SAVED, StateError, StateStore, keep_on_disk
@@ -114,7 +116,47 @@ def _commit_on_success(msg: Message, context: Context, call_next) -> Message:
     return reply
 
 
-app = ClientApp(mods=[_commit_on_success, _named_failures, _deterministic, _evaluate_first])
+def _grouped(msg: Message, context: Context, call_next) -> Message:
+    """A message for several clients of a simulated node (``simulated-clients``,
+    :mod:`pflower.node_groups`): each client's part goes through the rest of the ClientApp in
+    turn, with the client's own context (its records under its id in the node's) and its own id
+    as ``partition-id``; the reply carries each one's reply, or its error as the simulation engine
+    would have answered it alone (the others' replies are kept)."""
+    if not msg.has_content() or not node_groups.is_group(msg.content):
+        return call_next(msg, context)
+    clients = _settings(tuple(sorted(context.run_config.items()))).simulated_clients
+    served = node_groups.members(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]), clients)
+    if node_groups.asks_members(msg.content):
+        return Message(node_groups.members_reply(served), reply_to=msg)
+    parts = node_groups.unpack(msg.content)
+    if stray := sorted(set(parts) - set(served)):
+        raise ValueError(
+            f"the message names clients {stray[:5]}, which this node does not serve ({served[0] if served else '-'}..{served[-1] if served else '-'})"
+        )
+    own: dict[int, RecordDict] = {}
+    for key, record in context.state.items():
+        cid, _, name = key.partition(node_groups.SEPARATOR)
+        own.setdefault(int(cid), RecordDict())[name] = record
+    replies = []
+    for cid, content in parts.items():
+        client = Context(context.run_id, context.node_id, {**context.node_config, "partition-id": cid, "num-partitions": clients},
+                         own.get(cid, RecordDict()), context.run_config)  # fmt: skip
+        sub = node_groups.with_content(msg, content)
+        try:
+            reply = call_next(sub, client)
+        except Exception as err:  # noqa: BLE001 - this client's error reply, as Flower's engine makes it
+            log(ERROR, "Client %d: %s", cid, traceback.format_exc())
+            wrapped = ClientAppException(str(err))
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(wrapped)}:<'{wrapped}'>"), reply_to=sub)
+        for key in [k for k in context.state.keys() if k.partition(node_groups.SEPARATOR)[0] == str(cid)]:
+            del context.state[key]
+        for name, record in client.state.items():
+            context.state[f"{cid}{node_groups.SEPARATOR}{name}"] = record
+        replies.append((cid, reply))
+    return Message(node_groups.pack_replies(replies), reply_to=msg)
+
+
+app = ClientApp(mods=[_grouped, _commit_on_success, _named_failures, _deterministic, _evaluate_first])
 
 
 @dataclass(frozen=True)
@@ -360,6 +402,9 @@ def runtime(context: Context, msg: Message | None = None) -> Runtime:
         n = int(context.node_config["num-partitions"])
     except (KeyError, ValueError) as err:
         raise ValueError(f"node config needs integer 'partition-id' and 'num-partitions' ({err})") from None
+    if settings.simulated_clients and n != settings.simulated_clients:
+        raise ValueError(f"simulated-clients={settings.simulated_clients}: this node serves several clients, and a message for them "
+                         "names them (pflower's strategies send such messages); this one names none")  # fmt: skip
     if settings.node_data:
         data = node_data(context, settings)
         union = tuple(_config(msg).get(CLASS_NAMES, data.names)) if msg is not None else data.names

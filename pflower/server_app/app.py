@@ -18,11 +18,12 @@ from pflower.datasets.node import CLASS_NAMES
 from pflower.device import deterministic_kernels
 from pflower.run_folder import RESULTS, FolderBusyError, claimed, clear_run, new_run_folder
 from pflower.state_round import MissingStateError
-from pflower.strategies.federation import Federation, NoClientsError
+from pflower.strategies.federation import Federation, NoClientsError, window_for
+from pflower.strategies.grouped_grid import NotGroupedError
 from pflower.strategies.loop import RoundFailedError
 
 #: Failures whose message says everything: logged as one ERROR line, without a traceback.
-CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError, MissingStateError)
+CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError, MissingStateError, NotGroupedError)
 
 app = ServerApp()
 
@@ -47,6 +48,8 @@ def main(grid: Grid, context: Context) -> None:
         settings = load_settings(context.run_config)
         torch.set_num_threads(settings.server_threads)
         check_server(settings)
+        if settings.simulated_clients and window_for(grid) is None:
+            raise ConfigError([("simulated-clients", settings.simulated_clients, "simulation only: a deployed SuperNode serves one client")])
         check_data(settings)  # the data as the clients will open it: a run on wrong data never starts
         check_model(settings)  # the model the data asks for fits a client; a run refused writes no folder
         if not settings.results_dir:  # a folder of the run's own

@@ -36,6 +36,7 @@ from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
 from pflower.datasets.shift import DOMAIN
 from pflower.records import payload_bytes
 from pflower.state_round import STATE_ROUND, MissingStateError, missing_state
+from pflower.strategies.grouped_grid import GroupedGrid
 from pflower.strategies.held import HeldEvaluation
 from pflower.strategies.outbox import Outbox
 from pflower.strategies.validation import Rejected, check_reply
@@ -67,9 +68,12 @@ TRAIN_SAMPLE, EVALUATE_SAMPLE = 0, 1
 
 def window_for(grid: Grid) -> int | None:
     """How many messages of a phase may be in flight at once on ``grid``: :data:`SIMULATION_WINDOW`
-    on Flower's in-memory grid (the simulation engine), None (all at once) on any other."""
+    on Flower's in-memory grid (the simulation engine), None (all at once) on any other, and on a
+    :class:`GroupedGrid` (one message per node)."""
     # Not imported here: Flower's in-memory grid brings its LinkState (1.3 s per process). A grid
     # of that class exists only where its module was loaded.
+    if isinstance(grid, GroupedGrid):  # a message per node: a phase holds a few, pushed at once
+        return None
     module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
     return SIMULATION_WINDOW if module is not None and isinstance(grid, module.InMemoryGrid) else None
 

@@ -42,6 +42,7 @@ from pflower.results import RAY_NODES, Recorder
 from pflower.single_message import STATE_AFTER
 from pflower.strategies.federation import EVALUATE_SAMPLE, Federation, NoClientsError, Phase
 from pflower.strategies.gate import ReplyGate
+from pflower.strategies.grouped_grid import GroupedGrid
 from pflower.strategies.held import HeldEvaluation
 from pflower.strategies.outbox import Outbox
 from pflower.strategies.validation import ArraySpec, Reply
@@ -320,6 +321,8 @@ class PflStrategy(Strategy):
         """
         self.num_rounds = num_rounds or int(self.run_config.get("num-server-rounds", 3))
         self.round_timeout = timeout or self.round_timeout
+        if int(self.run_config.get("simulated-clients", 0)):  # several clients per node: one node per client here
+            grid = GroupedGrid(grid, self.round_timeout)
         self.summary()
         lineage = checkpoint.lineage if checkpoint else uuid.uuid4().hex
         trackers = open_trackers(self.run_config, self.results_dir, lineage)
