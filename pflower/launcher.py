@@ -9,7 +9,7 @@ stops every process it started, and exits non-zero when the run failed.
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import multiprocessing
 import os
 import re
@@ -23,7 +23,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 from pflower import help_text
@@ -217,25 +217,59 @@ def nodes_for(num_clients: int, clients_per_node: int) -> int:
     return -(-num_clients // clients_per_node)
 
 
-def run_status(flwr_home: Path, app: Path, run_id: int, connection: str = CONNECTION, attempts: int = 3) -> str:
+def run_status(flwr_home: Path, run_id: int, connection: str = CONNECTION, attempts: int = 3) -> str:
     """Final status of a run, as the SuperLink reports it (e.g. ``finished:completed``).
 
-    Asked up to ``attempts`` times, 2 s apart: on a loaded machine the SuperLink has once
-    answered "Run ID not found" for a run that had just finished.
+    Asked through the SuperLink's Control API from this process, as ``flwr list`` asks it (a
+    ``flwr list`` process costs about 2 s a run, most of it importing the CLI), with the
+    connection ``connection`` of ``flwr_home``'s config.toml. Asked up to ``attempts`` times,
+    2 s apart: on a loaded machine the SuperLink has once answered "Run ID not found" for a run
+    that had just finished.
     """
     problem = ""
     for attempt in range(attempts):
         if attempt:
             time.sleep(2)
-        out = subprocess.run(
-            [console_script("flwr"), "list", connection, "--run-id", str(run_id), "--format", "json"],
-            env=flower_env(flwr_home), cwd=app, capture_output=True, text=True, check=False,
-        )  # fmt: skip
         try:
-            return str(json.loads(out.stdout)["runs"][0]["status"])
-        except (json.JSONDecodeError, KeyError, IndexError) as err:
-            problem = f"could not read the status of run {run_id} ({err}): {out.stdout}{out.stderr}"
+            return _ask_status(flwr_home, run_id, connection)
+        except Exception as err:  # noqa: BLE001 - any failure to read it is said, after the last attempt
+            problem = f"could not read the status of run {run_id} from the SuperLink ({type(err).__name__}: {err})"
     raise SystemExit(problem)
+
+
+def _ask_status(flwr_home: Path, run_id: int, connection: str) -> str:
+    """One ListRuns request for ``run_id`` (``flwr list``'s client, interceptors and status text)."""
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.common.serde import run_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest
+
+    # Flower reads its config.toml from FLWR_HOME; the CLI's "Using SuperLink: ..." line is not this program's
+    with _environment(flower_env(flwr_home)), redirect_stdout(io.StringIO()):
+        client = init_http_client_from_connection(read_superlink_connection(connection))
+    try:
+        runs = [run_from_proto(proto) for proto in client.ListRuns(ListRunsRequest(run_id=run_id)).run_dict.values()]
+    finally:
+        client.close()
+    if not runs:
+        raise LookupError(f"run {run_id} not found")
+    status = runs[0].status
+    return f"{status.status}:{status.sub_status}" if status.sub_status else status.status
+
+
+@contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``env`` set, restored after."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _as_glob(pattern: str) -> str:
@@ -317,7 +351,7 @@ def submit(
     if not found:
         raise SystemExit(f"flwr run did not start a run:\n{text}")
     run_id = int(found.group(1))
-    return run_id, run_status(flwr_home, app, run_id, connection), text
+    return run_id, run_status(flwr_home, run_id, connection), text
 
 
 def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None,

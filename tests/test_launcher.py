@@ -393,3 +393,15 @@ def test_an_exported_flwr_home_is_used_and_its_connections_kept(tmp_path, monkey
     assert tomllib.loads((home / "config.toml").read_text())["superlink"] == {
         "default": "lab", "lab": {"address": "10.0.0.1:9093", "insecure": True}, "pflower-sim": {"address": "127.0.0.1:6666", "insecure": True}
     }  # fmt: skip
+
+
+def test_a_run_status_that_cannot_be_read_says_so(tmp_path, capsys):
+    """The status comes from the SuperLink's Control API in this process (no `flwr list`
+    process): a SuperLink that is not there is named, and nothing of Flower's CLI is printed."""
+    from pflower.launcher import run_status, write_connection
+    from pflower.processes import free_port
+
+    write_connection(tmp_path / "config.toml", f'address = "127.0.0.1:{free_port()}"\ninsecure = true\n')
+    with pytest.raises(SystemExit, match=r"^could not read the status of run 42 from the SuperLink \("):
+        run_status(tmp_path, 42, attempts=1)
+    assert "Using SuperLink" not in capsys.readouterr().out
