@@ -16,7 +16,8 @@ message) and with training and evaluation as two phases a round (``single-messag
 over more clients, 10% of them training each round, every client evaluating; ``--method pfedla``
 (with ``--no-plain``) the same with another method. The peak memory is also split by process
 group (:data:`GROUPS`, by command line) at the moment of the peak. ``--cpus-per-client 2`` on two
-cores runs one ClientApp actor instead of two.
+cores runs one ClientApp actor instead of two. ``--clients-per-node`` is pflower-sim's (default
+auto: several clients a simulated node; 1: one a node, as before).
 
     .venv/bin/python bench/sim_speed.py [--data-dir ../shared/data/mnist] [--rounds 20]
     .venv/bin/python bench/sim_speed.py --clients 1000 --fraction 0.1 --rounds 5 --no-plain
@@ -132,11 +133,11 @@ def _pss_bytes(pids: list[int], groups: dict[int, str]) -> dict[str, int]:
     return out
 
 
-def pflower_run(config: dict, clients: int, results: Path, cpus_per_client: int = 1) -> dict:
+def pflower_run(config: dict, clients: int, results: Path, cpus_per_client: int = 1, per_node: str = "auto") -> dict:
     """pflower-sim end to end: per-round seconds, start-up phases, peak memory of its processes."""
     cfg = run_config_string(config)
     cmd = [str(Path(sys.executable).with_name("pflower-sim")), "--num-clients", str(clients), "-c", cfg, "--app", str(ROOT),
-           "--cpus-per-client", str(cpus_per_client)]  # fmt: skip
+           "--cpus-per-client", str(cpus_per_client), "--clients-per-node", per_node]  # fmt: skip
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     marks: dict[str, float] = {}
@@ -181,6 +182,7 @@ def main() -> int:
     p.add_argument("--single-message", choices=["both", "true", "false"], default="both",
                    help="pflower's schedule: one message per client per round, two phases a round, or both alternating")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="pflower runs of each schedule, alternating")
+    p.add_argument("--clients-per-node", default="auto", help="pflower-sim's --clients-per-node (default: auto)")
     p.add_argument("--cpus-per-client", type=int, default=1, help="pflower-sim's: CPUs per ClientApp actor (2 on two cores: one actor)")
     args = p.parse_args()
     steady = lambda t: statistics.median(t[1:])  # noqa: E731
@@ -190,7 +192,7 @@ def main() -> int:
         config = run_config(args.data_dir.resolve(), args.rounds, args.fraction, Path(tmp), args.method)
         for _ in range(args.repeats):
             for flag in schedules:
-                runs[flag].append(pflower_run({**config, "single-message": flag}, args.clients, Path(tmp), args.cpus_per_client))
+                runs[flag].append(pflower_run({**config, "single-message": flag}, args.clients, Path(tmp), args.cpus_per_client, args.clients_per_node))
         plain = {} if args.no_plain else {t: plain_loop(load_settings(config), args.clients, args.rounds, t) for t in (1, 2)}
     ours = runs[schedules[0]][-1]
     print(f"{args.method}, clients {args.clients}, fraction-train {args.fraction:g}, {args.rounds} rounds")

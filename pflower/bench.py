@@ -451,6 +451,9 @@ def duration(seconds: float) -> str:
 
 #: Run-config keys that leave a round's cost as it is (or name places): a record of any suite
 #: whose config differs from a run's only in these tells how long the run's rounds take.
+#: ``simulated-clients`` does change the pace (fewer messages), but the bench sets it at
+#: submission, never in a suite's configs: an estimate from records made either way errs on the
+#: slow side, where one that ignored them would have none.
 COST_FREE = frozenset(
     {
         "seed",

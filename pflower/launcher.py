@@ -58,8 +58,9 @@ class Quiet:
     RAYS = "Found multiple active Ray instances"
     ACTORS = "Manually terminating ClientAppActor"
 
-    def __init__(self, num_clients: int | None):
+    def __init__(self, num_clients: int | None, nodes: int | None = None):
         self.num_clients = num_clients
+        self.nodes = nodes or num_clients
         self.after_warning = False
 
     def __call__(self, line: str) -> str | None:
@@ -70,6 +71,8 @@ class Quiet:
         if self.after_warning or any(note in line for note in self.FLOWER):
             return None
         if self.num_clients is not None and "simulated SuperNodes)" in line and "Federation `" in line:
+            if self.nodes != self.num_clients:
+                return f"pflower-sim: {self.num_clients} simulated clients (--num-clients) on {self.nodes} simulated nodes (--clients-per-node)\n"
             return f"pflower-sim: {self.num_clients} simulated clients (--num-clients)\n"
         if self.ACTORS in line:
             return None
@@ -208,7 +211,10 @@ def actors(cpus: int, gpus: float) -> int:
 
 
 def auto_clients_per_node(num_clients: int, cpus: int, gpus: float) -> int:
-    """``--clients-per-node auto``: :data:`NODES_PER_ACTOR` nodes for each of the machine's actors."""
+    """``--clients-per-node auto``: :data:`NODES_PER_ACTOR` nodes for each of the machine's
+    actors; 1 on a Ray cluster (``RAY_ADDRESS``), whose actors this machine cannot count."""
+    if os.environ.get("RAY_ADDRESS"):
+        return 1
     return max(1, -(-num_clients // (NODES_PER_ACTOR * actors(cpus, gpus))))
 
 
@@ -320,16 +326,17 @@ def submit(
     bench's progress).
     """
     with tempfile.TemporaryDirectory(prefix="pflower-app-") as staged:
-        cmd = [console_script("flwr"), "run", str(stage_app(app, Path(staged))), connection, "--stream"]
+        cmd = [console_script("flwr"), "run", str(stage_app(app, Path(staged) / "app")), connection, "--stream"]
+        nodes = None
         if num_clients is not None:
             nodes = nodes_for(num_clients, clients_per_node)
             cmd += ["--federation-config", federation_config(nodes, cpus, gpus)]
             if nodes < num_clients:
-                run_config = f"{run_config} simulated-clients={num_clients}".strip()
+                run_config = with_simulated_clients(run_config, num_clients, app, Path(staged) / "run-config.toml")
         if run_config:
             cmd += ["--run-config", run_config]
         proc = subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines, quiet = [], Quiet(num_clients)
+        lines, quiet = [], Quiet(num_clients, nodes)
         try:
             for line in proc.stdout:
                 lines.append(line)
@@ -354,6 +361,17 @@ def submit(
     return run_id, run_status(flwr_home, run_id, connection), text
 
 
+def with_simulated_clients(run_config: str, num_clients: int, app: Path, copy: Path) -> str:
+    """``run_config`` (``-c``: key=value pairs, or a TOML file, which Flower reads only alone and
+    relative to the app) with ``simulated-clients`` set: for a file, a copy written to ``copy``."""
+    if not run_config.strip().endswith(".toml"):
+        return f"{run_config} simulated-clients={num_clients}".strip()
+    source = Path(run_config.strip()).expanduser()
+    source = source if source.is_absolute() else app / source
+    copy.write_text(f"simulated-clients = {num_clients}\n{source.read_text()}")
+    return str(copy)
+
+
 def simulate(app: Path, run_config: str = "", num_clients: int = 10, cpus: int = 1, gpus: float = 0.0, flwr_home: Path | None = None,
              clients_per_node: int = 1) -> tuple[int, str]:  # fmt: skip
     """Run one simulation on a private SuperLink; returns (run id, final status)."""
@@ -374,6 +392,20 @@ def _check_apart(app: Path, run_config: str, num_clients: int) -> str | None:
         return check(app, run_config, num_clients)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
         return pool.submit(check, app, run_config, num_clients).result()
+
+
+def _overrides(run_config: str, app: Path) -> dict:
+    """The keys ``-c`` sets, as Flower reads them (a TOML file relative to the app); {} where it
+    cannot be read (the run-config check says why)."""
+    from flwr.common.config import parse_config_args
+
+    text = run_config.strip()
+    if text.endswith(".toml") and not Path(text).expanduser().is_absolute():
+        text = str(app / text)
+    try:
+        return parse_config_args([text]) if text else {}
+    except Exception:  # noqa: BLE001 - reported by the check with Flower's own message
+        return {}
 
 
 def _exit_on_sigterm(signum: int, frame) -> None:
@@ -402,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     args.app = chosen_app(p, args)
     from pflower.check import is_pflower_app
 
+    if "simulated-clients" in _overrides(args.run_config, args.app):
+        print("pflower-sim: simulated-clients is set by --clients-per-node (pflower-sim computes it), not in -c", file=sys.stderr)
+        return 2
+
     started = time.monotonic()
     if is_pflower_app(args.app):
         print("pflower-sim: checking the run config and the data every client will open ...", flush=True)
@@ -413,9 +449,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"pflower-sim: {'checked in %.0f s; ' % (time.monotonic() - started) if is_pflower_app(args.app) else ''}"
           "starting a SuperLink and a Ray head, then the run (its log follows) ...", flush=True)  # fmt: skip
-    if re.search(r"(^|\s)simulated-clients\s*=", args.run_config):
-        print("pflower-sim: simulated-clients is set by --clients-per-node (pflower-sim computes it), not in -c", file=sys.stderr)
-        return 2
     per_node = 1
     if is_pflower_app(args.app):
         per_node = (

@@ -3,15 +3,18 @@ message that carries a phase's messages for all of them.
 
 Flower's simulation engine costs about the same per message whatever the message holds (a pass
 of its queue, a Ray hand-off, the node's context shipped both ways), so a phase of N clients on G
-nodes costs G hand-offs instead of N. Node ``g`` of ``G`` serves the clients ``g*N//G`` to
-``(g+1)*N//G - 1``; each keeps its own context (its records under its id in the node's), its own
-seed, data and state file, so the numbers are those of one client per node.
+nodes costs about G hand-offs instead of N. Node ``g`` of ``G`` serves the clients ``g``,
+``g + G``, ``g + 2G``, ... below N: any run of consecutive client ids (a phase's messages go in
+client order, a window of them at a time) spreads over every node. Each client keeps its own
+context (its records under its id in the node's), its own seed, data and state file, so the
+numbers are those of one client per node.
 
 The wire format, both ways: each client's records under ``"<client id>/<name>"``, and a
-:data:`GROUP` config record listing the clients. A record a message gives several clients (the
-same global model) travels once; the others name it (``alias``/``alias-of``). A reply says, for a
-client whose message failed, its error code and reason, as Flower would have answered it alone.
-A :data:`GROUP` record with ``members`` asks a node which clients it serves.
+:data:`GROUP` config record listing the clients and their messages' types (a training for some,
+an evaluation for others). A record a message gives several clients (the same global model)
+travels once; the others name it (``alias``/``alias-of``). A reply says, for a client whose
+message failed, its error code and reason, as Flower would have answered it alone. A
+:data:`GROUP` record with ``members`` asks a node which clients it serves.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ SEPARATOR = "/"
 
 
 def members(node: int, nodes: int, clients: int) -> list[int]:
-    """The clients node ``node`` of ``nodes`` serves when they share ``clients``: contiguous, as even as can be."""
-    return list(range(node * clients // nodes, (node + 1) * clients // nodes))
+    """The clients node ``node`` of ``nodes`` serves when they share ``clients``: every ``nodes``-th from ``node``."""
+    return list(range(node, clients, nodes))
 
 
 def members_query() -> RecordDict:
@@ -47,13 +50,14 @@ def members_reply(clients: list[int]) -> RecordDict:
     return RecordDict({GROUP: ConfigRecord({"clients": clients} if clients else {})})
 
 
-def pack(contents: Iterable[tuple[int, RecordDict]]) -> RecordDict:
-    """One content for the clients' ``contents`` (client id, its message's content), in their
-    order; a record object two clients share goes once."""
-    packed, header = RecordDict(), {"clients": [], "alias": [], "alias-of": []}
+def pack(contents: Iterable[tuple[int, str, RecordDict]]) -> RecordDict:
+    """One content for the clients' ``contents`` (client id, its message's type, its message's
+    content), in their order; a record object two clients share goes once."""
+    packed, header = RecordDict(), {"clients": [], "types": [], "alias": [], "alias-of": []}
     first: dict[int, str] = {}  # id(record) -> the name it travels under
-    for cid, content in contents:
+    for cid, kind, content in contents:
         header["clients"].append(cid)
+        header["types"].append(kind)
         for name, record in content.items():
             key = f"{cid}{SEPARATOR}{name}"
             if isinstance(record, ArrayRecord) and id(record) in first:
@@ -81,12 +85,18 @@ def unpack(content: RecordDict) -> dict[int, RecordDict]:
     return out
 
 
+def types(content: RecordDict) -> dict[int, str]:
+    """Each client's message type in a packed content, by client id."""
+    header = content.config_records[GROUP]
+    return {int(cid): str(kind) for cid, kind in zip(header.get("clients", []), header.get("types", []))}
+
+
 def pack_replies(replies: Iterable[tuple[int, Message]]) -> RecordDict:
     """One reply content for the clients' ``replies``: their contents, and the errors of those whose message failed."""
     replies = list(replies)
-    packed = pack((cid, r.content) for cid, r in replies if not r.has_error())
+    packed = pack((cid, r.metadata.message_type, r.content) for cid, r in replies if not r.has_error())
     errors = [(cid, r.error) for cid, r in replies if r.has_error()]
-    header = dict(packed[GROUP])
+    header = {k: v for k, v in packed[GROUP].items() if k != "types"}  # a reply's type is its message's
     header["clients"] = [cid for cid, _ in replies]
     if errors:
         header |= {"error-clients": [c for c, _ in errors], "error-codes": [int(e.code) for _, e in errors],

@@ -4,8 +4,8 @@ counted, and the client's state is the one the server names.
 Client 1's round-2 message fails (its state file cannot be written; FedeRiCo: a relay step
 raises) or its round-1 evaluation raises. Two-phase and single-message rounds then record the
 same rows, and so do a SuperNode (which keeps the context a failed message left), the
-simulation engine (which drops it), and a simulated node that serves client 1 with client 2
-(``simulated-clients``: one message for both, client 2's reply kept).
+simulation engine (which drops it), and one simulated node serving all three clients
+(``simulated-clients``: one message for them, the other two clients' replies kept).
 """
 
 import errno
@@ -28,12 +28,12 @@ FAULTY, ROUND = 1, 2
 
 
 def _rows(tmp_path, cfg: dict, single: bool, simulation: bool, grouped: bool = False) -> list[dict]:
-    """The run's rows; ``grouped``: on 2 simulated nodes, one serving client 0, the other 1 and 2."""
+    """The run's rows; ``grouped``: on one simulated node that serves the 3 clients."""
     from pflower.client_app.app import app
 
     results = tmp_path / f"{single}-{simulation}-{grouped}"
     cfg = {**cfg, "single-message": single, "results-dir": str(results), **({"simulated-clients": 3} if grouped else {})}
-    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, 2 if grouped else 3, simulation=simulation))
+    build_strategy(load_settings(cfg)).start(grid=InProcessGrid(app, cfg, 1 if grouped else 3, simulation=simulation))
     doc = json.loads((results / "metrics.json").read_text())
     return [{k: v for k, v in r.items() if k not in SCHEDULE} for r in doc["rounds"]]
 

@@ -366,6 +366,7 @@ def test_flower_and_ray_notes_that_do_not_apply_give_way_to_one_accurate_line():
         log[0], "pflower-sim: 10 simulated clients (--num-clients)\n", log[7], log[8],
         "pflower-sim: other Ray instances run on this machine; this run uses its own Ray head at 127.0.0.1:41234\n",
     ]  # fmt: skip
+    assert Quiet(10, 4)(log[2]) == "pflower-sim: 10 simulated clients (--num-clients) on 4 simulated nodes (--clients-per-node)\n"
 
 
 def test_an_exported_flwr_home_is_used_and_its_connections_kept(tmp_path, monkeypatch):

@@ -39,10 +39,11 @@ SCHEDULES = {
     "evaluate-every-1": {"num-server-rounds": 4, "evaluate-every": 1, "fraction-train": 0.67},
     "evaluate-every-2": {"num-server-rounds": 5, "evaluate-every": 2, "fraction-train": 0.67, "fraction-evaluate": 0.67},
 }
-#: Simulated nodes of the grouped runs (``simulated-clients``): one serves client 0, the other 1 and 2.
+#: Simulated nodes of the grouped runs (``simulated-clients``): one serves clients 0 and 2, the other 1.
 GROUPED_NODES = 2
-#: One client per node, and the clients grouped on nodes: the same numbers.
-NODES = {"one-client-a-node": {}, "grouped": {"simulated-clients": CLIENTS}}
+#: Simulated nodes in each leg of a crashed run: one client a node, the clients grouped on 2
+#: nodes, and a grouping that changes at every resume (2 nodes, 1, one client a node): the same numbers.
+NODES = {"one-client-a-node": [CLIENTS], "grouped": [GROUPED_NODES], "regrouped": [GROUPED_NODES, 1, CLIENTS]}
 #: The time per round differs between any two runs.
 TIME = {"wall-seconds"}
 
@@ -81,6 +82,11 @@ def _new_process() -> None:
     client_app._shared.cache_clear()
     client_app._runtime.cache_clear()
     client_app._store.cache_clear()
+
+
+def _grouped(cfg: dict, nodes: int) -> dict:
+    """``cfg`` on ``nodes`` simulated nodes (those serve the 3 clients between them)."""
+    return {**cfg, "simulated-clients": CLIENTS} if nodes != CLIENTS else cfg
 
 
 def _run(cfg: dict, grid: InProcessGrid | None = None) -> dict:
@@ -134,21 +140,24 @@ METHODS = [pytest.param(m, marks=pytest.mark.xdist_group(f"sweep-{m}")) for m in
 def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_path_factory, monkeypatch, method, schedule, nodes):
     """One lineage crashed in every round r = 2..R, each leg resumed from the last: the final
     metrics.json equals the uninterrupted run's byte for byte (bytes sent included), time aside;
-    and so with the 3 clients served by 2 simulated nodes (one message for clients 1 and 2),
-    against the uninterrupted run with one client a node."""
+    and so with the 3 clients served by 2 simulated nodes (one message for clients 0 and 2), and
+    with the grouping changed at every resume, against the uninterrupted run with one client a node."""
     full = _uninterrupted(tmp_path_factory, method, schedule)
     rounds = SCHEDULES[schedule]["num-server-rounds"]
     resume = ""
     for leg, rnd in enumerate(range(2, rounds + 2)):
         _new_process()
-        cfg = _config(method, schedule, tmp_path / f"leg{leg}", **NODES[nodes], **({"resume-from": resume} if resume else {}))
+        cfg = _config(method, schedule, tmp_path / f"leg{leg}", **({"resume-from": resume} if resume else {}))
+        count = NODES[nodes][leg % len(NODES[nodes])]
+        cfg = _grouped(cfg, count)
+        grid = InProcessGrid(client_app.app, cfg, count)
         if rnd <= rounds:
             with monkeypatch.context() as m:
                 _crash_in(m, rnd)
                 with pytest.raises(Crash):
-                    _run(cfg)
+                    _run(cfg, grid)
         else:
-            doc = _run(cfg)
+            doc = _run(cfg, grid)
         resume = str(tmp_path / f"leg{leg}")
     assert _rows(doc) == _rows(full)
     assert doc["final"] == full["final"]
@@ -167,7 +176,7 @@ def test_clients_grouped_on_nodes_give_the_numbers_of_one_client_a_node(tmp_path
     and every saved state file byte for byte as with one client a node, in fewer messages."""
     full, results = _full_run(tmp_path_factory, method, schedule)
     _new_process()
-    cfg = _config(method, schedule, tmp_path / "grouped", **NODES["grouped"])
+    cfg = _grouped(_config(method, schedule, tmp_path / "grouped"), GROUPED_NODES)
     grid = InProcessGrid(client_app.app, cfg, GROUPED_NODES)
     doc = _run(cfg, grid)
     assert _rows(doc) == _rows(full) and doc["final"] == full["final"]

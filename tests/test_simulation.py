@@ -39,7 +39,7 @@ def _two_phase_in_process(tmp_path, method: str) -> list[dict]:
 @pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
 def test_every_server_strategy_runs_on_flower(superlink, tmp_path, method):
     """3 rounds on Flower, one message per node per round, the 3 clients on 2 simulated nodes
-    (one message carries clients 1 and 2): the metrics of the same run in process with one
+    (one message carries clients 0 and 2): the metrics of the same run in process with one
     client a node and two phases a round (Flower's engine, the grouping and the schedule change
     nothing)."""
     results = tmp_path / method

@@ -118,32 +118,31 @@ def _commit_on_success(msg: Message, context: Context, call_next) -> Message:
 
 def _grouped(msg: Message, context: Context, call_next) -> Message:
     """A message for several clients of a simulated node (``simulated-clients``,
-    :mod:`pflower.node_groups`): each client's part goes through the rest of the ClientApp in
-    turn, with the client's own context (its records under its id in the node's) and its own id
-    as ``partition-id``; the reply carries each one's reply, or its error as the simulation engine
-    would have answered it alone (the others' replies are kept)."""
+    :mod:`pflower.node_groups`): each client's part, as a message of its own type, goes through
+    this ClientApp in turn, with the client's own context (its records under its id in the
+    node's) and its own id as ``partition-id``; the reply carries each one's reply, or its error
+    as the simulation engine would have answered it alone (the others' replies are kept)."""
     if not msg.has_content() or not node_groups.is_group(msg.content):
         return call_next(msg, context)
     clients = _settings(tuple(sorted(context.run_config.items()))).simulated_clients
     served = node_groups.members(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]), clients)
     if node_groups.asks_members(msg.content):
         return Message(node_groups.members_reply(served), reply_to=msg)
-    parts = node_groups.unpack(msg.content)
+    parts, kinds = node_groups.unpack(msg.content), node_groups.types(msg.content)
     if stray := sorted(set(parts) - set(served)):
-        raise ValueError(
-            f"the message names clients {stray[:5]}, which this node does not serve ({served[0] if served else '-'}..{served[-1] if served else '-'})"
-        )
+        raise ValueError(f"the message names clients {stray[:5]}, which this node does not serve ({served[:3]}...)")
     own: dict[int, RecordDict] = {}
     for key, record in context.state.items():
-        cid, _, name = key.partition(node_groups.SEPARATOR)
-        own.setdefault(int(cid), RecordDict())[name] = record
+        cid, sep, name = key.partition(node_groups.SEPARATOR)
+        if sep and cid.isdigit():
+            own.setdefault(int(cid), RecordDict())[name] = record
     replies = []
     for cid, content in parts.items():
         client = Context(context.run_id, context.node_id, {**context.node_config, "partition-id": cid, "num-partitions": clients},
                          own.get(cid, RecordDict()), context.run_config)  # fmt: skip
-        sub = node_groups.with_content(msg, content)
+        sub = node_groups.with_content(msg, content, message_type=kinds[cid])
         try:
-            reply = call_next(sub, client)
+            reply = app(sub, client)
         except Exception as err:  # noqa: BLE001 - this client's error reply, as Flower's engine makes it
             log(ERROR, "Client %d: %s", cid, traceback.format_exc())
             wrapped = ClientAppException(str(err))

@@ -19,11 +19,11 @@ from pflower.device import deterministic_kernels
 from pflower.run_folder import RESULTS, FolderBusyError, claimed, clear_run, new_run_folder
 from pflower.state_round import MissingStateError
 from pflower.strategies.federation import Federation, NoClientsError, window_for
-from pflower.strategies.grouped_grid import NotGroupedError
+from pflower.strategies.grouped_grid import NodeGroupError
 from pflower.strategies.loop import RoundFailedError
 
 #: Failures whose message says everything: logged as one ERROR line, without a traceback.
-CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError, MissingStateError, NotGroupedError)
+CLEAR_FAILURES = (ConfigError, FolderBusyError, RoundFailedError, NoClientsError, MissingStateError, NodeGroupError)
 
 app = ServerApp()
 

@@ -68,12 +68,12 @@ TRAIN_SAMPLE, EVALUATE_SAMPLE = 0, 1
 
 def window_for(grid: Grid) -> int | None:
     """How many messages of a phase may be in flight at once on ``grid``: :data:`SIMULATION_WINDOW`
-    on Flower's in-memory grid (the simulation engine), None (all at once) on any other, and on a
-    :class:`GroupedGrid` (one message per node)."""
+    on Flower's in-memory grid (the simulation engine) and on a :class:`GroupedGrid` over it,
+    None (all at once) on any other."""
     # Not imported here: Flower's in-memory grid brings its LinkState (1.3 s per process). A grid
     # of that class exists only where its module was loaded.
-    if isinstance(grid, GroupedGrid):  # a message per node: a phase holds a few, pushed at once
-        return None
+    if isinstance(grid, GroupedGrid):  # the same bound on the clients' messages a phase holds (a model each, for some methods)
+        return SIMULATION_WINDOW
     module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
     return SIMULATION_WINDOW if module is not None and isinstance(grid, module.InMemoryGrid) else None
 
