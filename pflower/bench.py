@@ -1038,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU share per ClientApp, e.g. 0.25: four clients train at once on each GPU (default: 0, CPU only)",
     )
     p.add_argument("--clients-per-node", type=clients_per_node, default="auto",
-                   help="clients each simulated SuperNode serves (the same numbers; default: auto, about 4 nodes per ClientApp actor)")  # fmt: skip
+                   help="clients each simulated SuperNode serves (the same numbers; default: auto, as pflower-sim's)")  # fmt: skip
     args = p.parse_args(argv)
     results, records = args.results.resolve(), args.records.resolve()
     kept = records == RECORDS.resolve()  # the project's records: their pages and README follow them

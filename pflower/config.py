@@ -262,7 +262,7 @@ class Settings(BaseModel):
         0,
         ge=0,
         le=1_000_000,
-        description="simulation only: the clients the simulated SuperNodes serve between them, several to a node (node `g` of `G` serves clients `g*N//G` to `(g+1)*N//G - 1`; one message carries what a phase has for all of a node's clients, and the reply splits back into theirs); the same numbers as one client per node. 0: one client per node. `pflower-sim --clients-per-node` sets it",
+        description="simulation only: the clients the simulated SuperNodes serve between them, several to a node (node `g` of `G` serves clients `g`, `g + G`, `g + 2G`, ...; one message carries what a phase has for a node's clients, and the reply splits back into theirs); the same numbers as one client per node. 0: one client per node. `pflower-sim --clients-per-node` sets it",
     )
     gradual_interval: int = Field(
         0,

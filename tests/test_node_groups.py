@@ -152,8 +152,10 @@ def test_a_deployment_refuses_simulated_clients_before_anything_runs(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("clients", "cores", "cpus", "want"), [(100, 2, 1, 13), (10, 2, 1, 2), (1000, 2, 1, 125), (8, 2, 2, 2), (3, 16, 1, 1)])
-def test_auto_grouping_gives_each_actor_about_four_nodes(monkeypatch, clients, cores, cpus, want):
+@pytest.mark.parametrize(
+    ("clients", "cores", "cpus", "want"), [(100, 2, 1, 25), (10, 2, 1, 1), (16, 2, 1, 4), (1000, 2, 1, 250), (8, 2, 2, 4), (7, 2, 2, 1), (3, 16, 1, 1)]
+)
+def test_auto_grouping_gives_each_actor_two_nodes(monkeypatch, clients, cores, cpus, want):
     from pflower import launcher
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -175,8 +177,8 @@ def test_pflower_sim_passes_the_grouping_and_refuses_it_in_the_run_config(monkey
     assert launcher.main(["--num-clients", "10", "--clients-per-node", "3", "--app", app, *out]) == 0
     assert started[-1][-1] == 3
     monkeypatch.setattr(launcher.os, "cpu_count", lambda: 2)
-    assert launcher.main(["--num-clients", "10", "--app", app, *out]) == 0
-    assert started[-1][-1] == 2
+    assert launcher.main(["--num-clients", "100", "--app", app, *out]) == 0
+    assert started[-1][-1] == 25
     (tmp_path / "keys.toml").write_text("simulated-clients = 10\n")
     capsys.readouterr()
     for given in ("simulated-clients=10", "'simulated-clients'=10", str(tmp_path / "keys.toml")):
