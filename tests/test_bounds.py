@@ -67,10 +67,11 @@ def test_every_key_with_no_effect_in_the_chosen_setting_is_refused_with_the_reas
             "dirichlet-alpha": 0.1, "dominant-classes": 3, "dominant-fraction": 0.6, "label-groups": 3, "label-noise-ratio": 0.2,
             "trim-fraction": 0.3, "download": True, "client-classes": "0;1", "resnet-norm": "group"}  # fmt: skip
     where = {"classes-per-client": ({"partition": "iid"}, 3), "momentum": ({"optimizer": "adam"}, 0.5),
-             "data-fraction": ({"dataset": "node"}, 0.5), "local-epochs": ({"local-steps": 2}, 3)}  # fmt: skip
+             "data-fraction": ({"dataset": "node"}, 0.5), "local-epochs": ({"local-steps": 2}, 3), "simulated-clients": ({"dataset": "node"}, 4)}  # fmt: skip
     applies = {"dirichlet-alpha": {"partition": "dirichlet"}, "dominant-classes": {"partition": "dominant"}, "dominant-fraction": {"partition": "dominant"},
                "label-groups": {"partition": "label-groups"}, "label-noise-ratio": {"label-noise": "symmetric"}, "trim-fraction": {"aggregation": "trimmed-mean", "method": "fedavg"},
-               "shards-per-client": {"partition": "shards"}, "client-classes": {"partition": "classes"}, "data-fraction": {}, "local-epochs": {}}  # fmt: skip
+               "shards-per-client": {"partition": "shards"}, "client-classes": {"partition": "classes"}, "data-fraction": {}, "local-epochs": {},
+               "simulated-clients": {}}  # fmt: skip
     assert {key for key, *_ in SCOPED_KEYS} == set(away) | set(where)
     for key, _, _, needs in SCOPED_KEYS:
         setting, value = where.get(key, ({}, away.get(key)))

@@ -41,9 +41,9 @@ SCHEDULES = {
 }
 #: Simulated nodes of the grouped runs (``simulated-clients``): one serves clients 0 and 2, the other 1.
 GROUPED_NODES = 2
-#: Simulated nodes in each leg of a crashed run: one client a node, the clients grouped on 2
-#: nodes, and a grouping that changes at every resume (2 nodes, 1, one client a node): the same numbers.
-NODES = {"one-client-a-node": [CLIENTS], "grouped": [GROUPED_NODES], "regrouped": [GROUPED_NODES, 1, CLIENTS]}
+#: Simulated nodes in each leg of a crashed run: one client a node, and the clients grouped on
+#: nodes with a grouping that changes at every resume (2 nodes, 1, one client a node, 2, ...): the same numbers.
+NODES = {"one-client-a-node": [CLIENTS], "regrouped": [GROUPED_NODES, 1, CLIENTS]}
 #: The time per round differs between any two runs.
 TIME = {"wall-seconds"}
 
@@ -140,8 +140,9 @@ METHODS = [pytest.param(m, marks=pytest.mark.xdist_group(f"sweep-{m}")) for m in
 def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_path_factory, monkeypatch, method, schedule, nodes):
     """One lineage crashed in every round r = 2..R, each leg resumed from the last: the final
     metrics.json equals the uninterrupted run's byte for byte (bytes sent included), time aside;
-    and so with the 3 clients served by 2 simulated nodes (one message for clients 0 and 2), and
-    with the grouping changed at every resume, against the uninterrupted run with one client a node."""
+    and so with the 3 clients grouped on simulated nodes, the grouping changed at every resume (2
+    nodes, one message for clients 0 and 2; one node for all; one client a node), against the
+    uninterrupted run with one client a node."""
     full = _uninterrupted(tmp_path_factory, method, schedule)
     rounds = SCHEDULES[schedule]["num-server-rounds"]
     resume = ""

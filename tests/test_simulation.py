@@ -71,17 +71,17 @@ def test_every_server_strategy_runs_on_flower(superlink, tmp_path, method):
 
 
 @SIMULATION
-@pytest.mark.parametrize("per_node", [1, 2])
-def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory, per_node):
+def test_simulation_equals_in_process_run(superlink, tmp_path, grid_factory):
     """Same seed, same numbers: Ray's worker placement and threads do not change the result, nor
-    clients grouped on nodes (``per_node`` 2: 3 clients on 2 nodes)."""
+    clients grouped on nodes (3 clients on 2 nodes; one client a node runs on Flower in the
+    fault, quickstart and CLI tests, each against its in-process run)."""
     from conftest import run_config
 
     from pflower.build import build_strategy
     from pflower.config import load_settings
 
     ray_dir, local_dir = tmp_path / "ray", tmp_path / "local"
-    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1, clients_per_node=per_node)  # two Ray workers
+    _, status, log = _run(superlink, f"num-server-rounds=2 fraction-train=0.67 results-dir='{ray_dir}'", cpus=1, clients_per_node=2)  # two Ray workers
     assert status == "finished:completed", log
     # in process with two phases a round; on Flower round 1's evaluation went with round 2's
     # training messages, and alone to the client not sampled for training in round 2
