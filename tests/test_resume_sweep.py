@@ -134,9 +134,17 @@ def _crash_in(monkeypatch, rnd: int) -> None:
 METHODS = [pytest.param(m, marks=pytest.mark.xdist_group(f"sweep-{m}")) for m in sorted(declarations())]
 
 
-@pytest.mark.parametrize("nodes", sorted(NODES))
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
-@pytest.mark.parametrize("method", METHODS)
+def _crash_runs() -> list:
+    """Every method and schedule with one client a node; regrouped, one method per server
+    strategy on both schedules (the suite's time: the grouping sits below the strategies, and
+    every method's grouped run equals its run of one client a node in
+    test_clients_grouped_on_nodes_give_the_numbers_of_one_client_a_node)."""
+    return [pytest.param(m, schedule, nodes, marks=pytest.mark.xdist_group(f"sweep-{m}"), id=f"{m}-{schedule}-{nodes}")
+            for m in sorted(declarations()) for schedule in sorted(SCHEDULES) for nodes in sorted(NODES)
+            if nodes != "regrouped" or m in representatives()]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "schedule", "nodes"), _crash_runs())
 def test_a_crash_in_every_round_resumes_to_the_uninterrupted_run(tmp_path, tmp_path_factory, monkeypatch, method, schedule, nodes):
     """One lineage crashed in every round r = 2..R, each leg resumed from the last: the final
     metrics.json equals the uninterrupted run's byte for byte (bytes sent included), time aside;
