@@ -196,8 +196,9 @@ def federation_config(num_nodes: int, cpus: int, gpus: float) -> str:
 
 #: ``--clients-per-node auto``: this many simulated nodes per ClientApp actor. Two let an actor
 #: start a node's message while its other one's reply is handed back; more cost messages: at 100
-#: cheap clients on 2 cores (bench/cheap_clients.py), 4 nodes gave rounds 1.24 x the plain loop's,
-#: 8 nodes 1.33-1.39 x, 25 nodes 1.45 x.
+#: cheap clients on 2 cores (bench/cheap_clients.py), beside the plain loop in the same
+#: invocations, 4 nodes gave rounds 1.24 x its round, 8 nodes 1.33-1.39 x, 25 nodes 1.45 x (the
+#: ratios move between invocations too: 4 nodes 1.46 x on a slower evening; docs/measurements.md).
 NODES_PER_ACTOR = 2
 #: ``--clients-per-node auto``: one client a node below this many clients per actor, where a
 #: node's share of an actor's work is too coarse to even out (10 clients on 2 cores: 5 nodes of 2

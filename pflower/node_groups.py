@@ -23,6 +23,8 @@ from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, Metadata, RecordDict
 
+#: What Flower answers a query to a ClientApp without a query handler (a quickstart-style one, not pflower's).
+NO_QUERY_HANDLER = "No query function registered"
 #: The config record that marks a message as one for several clients.
 GROUP = "pflower.group"
 SEPARATOR = "/"

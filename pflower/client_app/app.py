@@ -138,6 +138,7 @@ def _grouped(msg: Message, context: Context, call_next) -> Message:
             own.setdefault(int(cid), RecordDict())[name] = record
     replies = []
     for cid, content in parts.items():
+        held = list(own.get(cid, {}))  # its records' names now: a handler changes its context in place
         client = Context(context.run_id, context.node_id, {**context.node_config, "partition-id": cid, "num-partitions": clients},
                          own.get(cid, RecordDict()), context.run_config)  # fmt: skip
         sub = node_groups.with_content(msg, content, message_type=kinds[cid])
@@ -147,8 +148,8 @@ def _grouped(msg: Message, context: Context, call_next) -> Message:
             log(ERROR, "Client %d: %s", cid, traceback.format_exc())
             wrapped = ClientAppException(str(err))
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(wrapped)}:<'{wrapped}'>"), reply_to=sub)
-        for key in [k for k in context.state.keys() if k.partition(node_groups.SEPARATOR)[0] == str(cid)]:
-            del context.state[key]
+        for name in held:
+            del context.state[f"{cid}{node_groups.SEPARATOR}{name}"]
         for name, record in client.state.items():
             context.state[f"{cid}{node_groups.SEPARATOR}{name}"] = record
         replies.append((cid, reply))

@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from pflower import reply_metrics, single_message
 from pflower.datasets.node import CLASS_NAMES, IDENTITY, class_union
 from pflower.datasets.shift import DOMAIN
+from pflower.node_groups import NO_QUERY_HANDLER
 from pflower.records import payload_bytes
 from pflower.state_round import STATE_ROUND, MissingStateError, missing_state
 from pflower.strategies.grouped_grid import GroupedGrid
@@ -44,8 +45,6 @@ from pflower.strategies.validation import Rejected, check_reply
 #: Error codes with which Flower answers for a node that is gone: the client is missing, not faulty.
 UNAVAILABLE = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
 
-#: What a Flower ClientApp without a ``query`` handler answers the identity query.
-NO_QUERY_HANDLER = "No query function registered"
 
 #: Poll schedule of :func:`send_and_receive`: wait 5% of the time the phase has taken so far,
 #: at least 5 ms and at most 0.5 s.

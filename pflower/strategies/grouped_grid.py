@@ -27,8 +27,6 @@ from pflower import node_groups
 
 #: Wait between pulls of the members query.
 POLL = 0.05
-#: What Flower answers a query to a ClientApp without a query handler (not pflower's).
-NO_QUERY_HANDLER = "No query function registered"
 
 
 class NodeGroupError(RuntimeError):
@@ -82,7 +80,7 @@ class GroupedGrid(Grid):
         while asked and time.monotonic() < deadline:
             for reply in self.grid.pull_messages(list(asked)):
                 node = asked.pop(reply.metadata.reply_to_message_id)
-                if reply.has_error() and NO_QUERY_HANDLER not in reply.error.reason:
+                if reply.has_error() and node_groups.NO_QUERY_HANDLER not in reply.error.reason:
                     failed[node] = reply.error.reason
                     log(WARNING, "Node %s could not say which clients it serves (asked again): %s", node, reply.error.reason)
                 elif reply.has_error() or not node_groups.is_group(reply.content):
